@@ -1,0 +1,54 @@
+"""odegrad: gradients of differential-equation solutions in JAX."""
+
+from . import solvers, stencil
+from ._saveat import SaveAt
+from ._solution import Result, Solution
+from ._solve import explain_adjoint, solve
+from ._step import Adaptive, Fixed, StepTo
+from .adjoint import AbstractAdjoint, Auto, Discrete
+from .solvers import (
+    BS3,
+    RK4,
+    AbstractSolver,
+    Dopri5,
+    Dopri8,
+    Euler,
+    ExplicitRK,
+    Heun,
+    Leapfrog,
+    Midpoint,
+    Ralston,
+    SemiImplicitEuler,
+    Tsit5,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BS3",
+    "RK4",
+    "AbstractAdjoint",
+    "AbstractSolver",
+    "Adaptive",
+    "Auto",
+    "Discrete",
+    "Dopri5",
+    "Dopri8",
+    "Euler",
+    "ExplicitRK",
+    "Fixed",
+    "Heun",
+    "Leapfrog",
+    "Midpoint",
+    "Ralston",
+    "Result",
+    "SaveAt",
+    "SemiImplicitEuler",
+    "Solution",
+    "StepTo",
+    "Tsit5",
+    "explain_adjoint",
+    "solve",
+    "solvers",
+    "stencil",
+]

@@ -1,0 +1,306 @@
+"""The forward integration loops.
+
+Both loops run in forward time ``tau`` (``og.solve`` flips time for backward integration).
+
+* :func:`scan_loop` — a step grid whose length is known at trace time: one ``lax.scan``, no
+  per-step control flow, differentiable by JAX itself.
+* :func:`while_loop` — error-controlled (or runtime-length) stepping in one ``lax.while_loop``;
+  its reverse pass is a custom VJP defined by the adjoints, never a differentiated loop.
+
+Saving at given times reads the solver's interpolant inside the step that contains them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._solution import Result
+from ._tree import tree_all_finite, tree_where
+
+PyTree = Any
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """What the loop stores, in forward time. ``fn(tau, y, args)`` maps a state to a saved value."""
+
+    fn: Any
+    ts: Any = None  # sorted save times (tau), or None
+    steps: bool = False
+    dense: bool = False
+    slots: int = 1  # saves per step the scan reserves (static); only for scan_loop with ts
+
+
+class LoopOutput(NamedTuple):
+    y1: PyTree
+    t1: Any
+    ts_ys: PyTree | None  # one row per save time
+    steps_ts: Any  # one row per step
+    steps_ys: PyTree | None
+    dense: tuple | None  # (step starts, step sizes, per-step dense data, step count)
+    stats: dict
+    result: Any
+    fail_t: Any
+    fail_step: Any
+    record: dict  # what the adjoint asked the loop to keep
+
+
+def _fill(tree, n, value=jnp.inf):
+    return jax.tree.map(lambda x: jnp.full((n, *jnp.shape(x)), value, jnp.result_type(x)), tree)
+
+
+def _set_row(buf, i, row):
+    """``buf[i] = row`` leafwise; an index out of range drops the write."""
+    return jax.tree.map(lambda b, r: b.at[i].set(r, mode="drop"), buf, row)
+
+
+def save_slots(grid, ts, n_steps: int):
+    """For each step ``k`` of ``grid``: the first save index and how many save times fall in it.
+
+    A save time belongs to the step ``(t_k, t_{k+1}]``; ``t0`` itself belongs to step 0.
+    """
+    k_of_save = jnp.clip(jnp.searchsorted(grid, ts, side="left") - 1, 0, n_steps - 1)
+    ks = jnp.arange(n_steps)
+    start = jnp.searchsorted(k_of_save, ks, side="left")
+    count = jnp.searchsorted(k_of_save, ks, side="right") - start
+    return start, count
+
+
+def static_slot_count(grid, ts) -> int | None:
+    """The largest number of save times in one step, when grid and ts are concrete."""
+    try:
+        g, s = np.asarray(grid), np.asarray(ts)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+    k = np.clip(np.searchsorted(g, s, side="left") - 1, 0, len(g) - 2)
+    return max(int(np.bincount(k).max()) if k.size else 0, 1)
+
+
+def save_in_step(plan: SavePlan, solver, args, t0, dt, dense, buf, j, j_end):
+    """Write the saves ``j <= i < j_end`` that fall in one step into ``buf`` (a while loop)."""
+    ts = plan.ts
+
+    def cond(c):
+        return c[0] < j_end
+
+    def body(c):
+        i, b = c
+        theta = (ts[i] - t0) / dt
+        val = plan.fn(ts[i], solver.interpolate(dense, theta), args)
+        return i + 1, _set_row(b, i, val)
+
+    return lax.while_loop(cond, body, (j, buf))
+
+
+def scan_loop(solver, f, args, grid, y0, plan: SavePlan) -> LoopOutput:
+    """Integrate over a grid of ``len(grid) - 1`` steps known at trace time."""
+    n_steps = grid.shape[0] - 1
+    st0 = solver.init(f, grid[0], y0, args)
+    xs = {"t0": grid[:-1], "t1": grid[1:], "k": jnp.arange(n_steps)}
+    ts_buf = None
+    if plan.ts is not None:
+        n_ts = plan.ts.shape[0]
+        xs["start"], xs["count"] = save_slots(grid, plan.ts, n_steps)
+        ts_buf = _fill(jax.eval_shape(plan.fn, grid[0], y0, args), n_ts)
+
+    def body(carry, x):
+        y, st, buf, first_bad = carry
+        dt = x["t1"] - x["t0"]
+        res = solver.step(f, x["t0"], dt, y, args, st)
+        if buf is not None:
+            for slot in range(plan.slots):
+                i = x["start"] + slot
+                i_safe = jnp.minimum(i, n_ts - 1)
+                theta = (plan.ts[i_safe] - x["t0"]) / dt
+                val = plan.fn(plan.ts[i_safe], solver.interpolate(res.dense, theta), args)
+                buf = _set_row(buf, jnp.where(slot < x["count"], i, n_ts), val)
+        bad = ~tree_all_finite(res.y1)
+        first_bad = jnp.where((first_bad == n_steps) & bad, x["k"], first_bad)
+        out = {}
+        if plan.steps:
+            out["y"] = plan.fn(x["t1"], res.y1, args)
+        if plan.dense:
+            out["dense"] = res.dense
+        return (res.y1, res.state, buf, first_bad), out
+
+    carry0 = (y0, st0, ts_buf, jnp.asarray(n_steps))
+    (y1, _, ts_buf, first_bad), out = lax.scan(body, carry0, xs)
+    failed = first_bad < n_steps
+    n = jnp.asarray(n_steps)
+    evals = solver.init_evals + n_steps * solver.step_evals
+    stats = {"steps": n, "accepted": n, "rejected": jnp.asarray(0), "rhs_evals": jnp.asarray(evals)}
+    dense = (grid[:-1], grid[1:] - grid[:-1], out["dense"], n_steps) if plan.dense else None
+    return LoopOutput(
+        y1=y1,
+        t1=grid[-1],
+        ts_ys=ts_buf,
+        steps_ts=grid[1:] if plan.steps else None,
+        steps_ys=out.get("y"),
+        dense=dense,
+        stats=stats,
+        result=jnp.where(failed, Result.nonfinite, Result.success).astype(jnp.int32),
+        fail_t=grid[jnp.minimum(first_bad, n_steps - 1)],
+        fail_step=first_bad,
+        record={},
+    )
+
+
+class RuntimeGrid(NamedTuple):
+    """A fixed step whose count is only known at run time: ``n`` equal steps over the span."""
+
+    n: Any
+
+
+def while_loop(
+    solver, control, f, args, tau0, tau1, y0, plan: SavePlan, max_steps: int, record: str = "none"
+) -> LoopOutput:
+    """Integrate from ``tau0`` to ``tau1 > tau0`` in one ``lax.while_loop``.
+
+    ``control`` is an :class:`~odegrad.Adaptive` or a :class:`RuntimeGrid`. ``record`` keeps what
+    an adjoint needs: ``"times"`` (every accepted step's start and size) or ``"all"`` (also every
+    accepted step's starting state and solver state).
+    """
+    tdtype = jnp.result_type(tau0)
+    adaptive = not isinstance(control, RuntimeGrid)
+    st0 = solver.init(f, tau0, y0, args)
+    span = tau1 - tau0
+    if adaptive:
+        f0 = st0 if jax.tree.structure(st0) == jax.tree.structure(y0) else f(tau0, y0, args)
+        order = solver.embedded_order + 1 if solver.embedded_order is not None else solver.order
+        h0 = control.initial_step(f, tau0, y0, f0, args, order, span)
+        init_evals = solver.init_evals + (0 if control.dt0 is not None else 1)
+    else:
+        h0 = span / control.n
+        init_evals = solver.init_evals
+    eps = jnp.finfo(tdtype).eps
+    floor = 4 * eps * jnp.maximum(jnp.abs(tau0), jnp.abs(tau1))
+    if adaptive and control.dtmin is not None:
+        floor = jnp.maximum(floor, control.dtmin)
+
+    c = {
+        "t": tau0,
+        "y": y0,
+        "st": st0,
+        "h": jnp.asarray(h0, tdtype),
+        "ratio_prev": jnp.asarray(1.0, tdtype),
+        "n": jnp.asarray(0),
+        "acc": jnp.asarray(0),
+        "result": jnp.asarray(int(Result.success), jnp.int32),
+    }
+    if plan.ts is not None:
+        n_ts = plan.ts.shape[0]
+        c["ts_buf"] = _fill(jax.eval_shape(plan.fn, tau0, y0, args), n_ts)
+        c["j"] = jnp.asarray(0)
+    if plan.steps:
+        c["steps_t"] = jnp.full((max_steps,), jnp.inf, tdtype)
+        c["steps_y"] = _fill(jax.eval_shape(plan.fn, tau0, y0, args), max_steps)
+    if plan.dense or record != "none":
+        c["starts"] = jnp.full((max_steps + 1,), jnp.inf, tdtype).at[0].set(tau0)
+        c["sizes"] = jnp.ones((max_steps,), tdtype)
+    if plan.dense:
+        dense_shape = jax.eval_shape(
+            lambda: solver.step(f, tau0, jnp.asarray(1.0, tdtype), y0, args, st0).dense
+        )
+        c["dense"] = _fill(dense_shape, max_steps, 0.0)
+    if record == "all":
+        c["rec_y"] = _fill(y0, max_steps, 0.0)
+        c["rec_st"] = _fill(st0, max_steps, 0.0)
+
+    def cond(c):
+        return (c["t"] < tau1) & (c["result"] == Result.success) & (c["n"] < max_steps)
+
+    def body(c):
+        t, y, st = c["t"], c["y"], c["st"]
+        remaining = tau1 - t
+        if adaptive:
+            h = jnp.minimum(c["h"], remaining)
+        else:
+            h = jnp.where(c["acc"] + 1 >= control.n, remaining, tau0 + (c["acc"] + 1) * c["h"] - t)
+        last = h >= remaining
+        res = solver.step(f, t, h, y, args, st)
+        finite = tree_all_finite(res.y1)
+        if adaptive:
+            ratio = control.error_ratio(res.error, y, res.y1)
+            ratio = jnp.where(finite & jnp.isfinite(ratio), ratio, jnp.inf)
+            accept = ratio <= 1
+            factor = control.next_factor(ratio, c["ratio_prev"], solver.embedded_order)
+            h_next = h * jnp.where(accept, factor, jnp.minimum(factor, 1.0))
+            h_next = jnp.where(accept & last, c["h"], h_next)
+            ratio_prev = jnp.where(accept, ratio, c["ratio_prev"])
+        else:
+            accept = finite
+            h_next, ratio_prev = c["h"], c["ratio_prev"]
+        t_new = jnp.where(last, tau1, t + h)
+        acc = c["acc"]
+        drop = jnp.where(accept, acc, max_steps)  # row index, out of range when rejected
+        new = dict(c)
+        if plan.ts is not None:
+            j_end = jnp.where(accept, jnp.searchsorted(plan.ts, t_new, side="right"), c["j"])
+            new["j"], new["ts_buf"] = save_in_step(
+                plan, solver, args, t, h, res.dense, c["ts_buf"], c["j"], j_end
+            )
+        if plan.steps:
+            new["steps_t"] = c["steps_t"].at[drop].set(t_new, mode="drop")
+            new["steps_y"] = _set_row(c["steps_y"], drop, plan.fn(t_new, res.y1, args))
+        if "starts" in c:
+            new["starts"] = (
+                c["starts"].at[jnp.where(accept, acc + 1, max_steps + 1)].set(t_new, mode="drop")
+            )
+            new["sizes"] = c["sizes"].at[drop].set(h, mode="drop")
+        if plan.dense:
+            new["dense"] = _set_row(c["dense"], drop, res.dense)
+        if record == "all":
+            new["rec_y"] = _set_row(c["rec_y"], drop, y)
+            new["rec_st"] = _set_row(c["rec_st"], drop, st)
+        new["t"] = jnp.where(accept, t_new, t)
+        new["y"] = tree_where(accept, res.y1, y)
+        new["st"] = tree_where(accept, res.state, st)
+        new["h"] = h_next
+        new["ratio_prev"] = ratio_prev
+        new["n"] = c["n"] + 1
+        new["acc"] = acc + accept.astype(acc.dtype)
+        if adaptive:
+            underflow = (~accept) & (h_next < floor)
+            failure = jnp.where(finite, Result.step_size_underflow, Result.nonfinite)
+        else:
+            underflow = ~accept
+            failure = jnp.asarray(Result.nonfinite)
+        new["result"] = jnp.where(underflow, failure, c["result"]).astype(jnp.int32)
+        return new
+
+    c = lax.while_loop(cond, body, c)
+    unfinished = (c["result"] == Result.success) & (c["t"] < tau1)
+    result = jnp.where(unfinished, Result.max_steps_reached, c["result"]).astype(jnp.int32)
+    stats = {
+        "steps": c["n"],
+        "accepted": c["acc"],
+        "rejected": c["n"] - c["acc"],
+        "rhs_evals": init_evals + c["n"] * solver.step_evals,
+    }
+    dense = None
+    if plan.dense:
+        dense = (c["starts"][:-1], c["sizes"], c["dense"], c["acc"])
+    rec = {}
+    if record != "none":
+        rec = {"starts": c["starts"], "sizes": c["sizes"], "n": c["acc"]}
+    if record == "all":
+        rec["y"], rec["st"] = c["rec_y"], c["rec_st"]
+    return LoopOutput(
+        y1=c["y"],
+        t1=c["t"],
+        ts_ys=c.get("ts_buf"),
+        steps_ts=c.get("steps_t"),
+        steps_ys=c.get("steps_y"),
+        dense=dense,
+        stats=stats,
+        result=result,
+        fail_t=c["t"],
+        fail_step=c["n"],
+        record=rec,
+    )

@@ -1,0 +1,56 @@
+"""What a solve stores: the ends, given times, every step, a function of the state, dense output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+
+@dataclass(frozen=True)
+class SaveAt:
+    """Which values ``og.solve`` returns in ``sol.ts`` / ``sol.ys``.
+
+    Rows are stored in the order ``t0``, then ``ts`` (or every step), then ``t1``.
+
+    Args:
+        t0: save the initial state.
+        t1: save the final state.
+        ts: save at these times (sorted in the direction of integration, inside ``t_span``),
+            read from the solver's dense interpolant; steps are not shortened to hit them.
+        steps: save after every step. Fixed step counts give exactly that many rows; adaptive
+            solves give ``max_steps`` rows, those after the last step filled with ``inf``.
+        fn: ``fn(t, y, args)`` applied to the state before it is stored (saves memory).
+        dense: keep the dense output so that ``sol.evaluate(t)`` works anywhere in ``t_span``.
+
+    Example:
+        >>> saveat = og.SaveAt(ts=jnp.linspace(0.0, 1.0, 11), fn=lambda t, y, args: y[0])
+    """
+
+    t0: bool = False
+    t1: bool = False
+    ts: Any = None
+    steps: bool = False
+    fn: Callable | None = None
+    dense: bool = False
+
+    def __post_init__(self):
+        if self.ts is not None and self.steps:
+            raise ValueError(
+                "SaveAt: give either ts=... or steps=True, not both (use dense=True to also "
+                "evaluate the solution anywhere)."
+            )
+        if self.ts is not None and jax.numpy.ndim(self.ts) != 1:
+            raise ValueError(f"SaveAt(ts): ts must be 1-d, got shape {jax.numpy.shape(self.ts)}.")
+        if not (self.t0 or self.t1 or self.ts is not None or self.steps or self.dense):
+            raise ValueError(
+                "SaveAt() saves nothing: set t0, t1, ts, steps or dense (the default of "
+                "og.solve is SaveAt(t1=True))."
+            )
+        if self.fn is not None and not callable(self.fn):
+            raise TypeError(f"SaveAt(fn=...): fn must be callable fn(t, y, args), got {self.fn!r}.")
+
+    def apply(self, t, y, args):
+        return y if self.fn is None else self.fn(t, y, args)

@@ -1,0 +1,390 @@
+"""``og.solve``: check the inputs, put the problem in forward time, run the adjoint's loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._loop import RuntimeGrid, SavePlan, static_slot_count
+from ._saveat import SaveAt
+from ._solution import Solution, check_result
+from ._step import AbstractStep, Adaptive, Fixed, StepTo, _is_concrete
+from ._tree import partition_args
+from .adjoint.auto import Auto
+from .adjoint.base import AbstractAdjoint, Problem
+from .solvers.base import AbstractSolver
+from .solvers.explicit_rk import Tsit5
+
+PyTree = Any
+
+
+def solve(
+    f: Callable | tuple[Callable, Callable],
+    y0: PyTree,
+    t_span: tuple[Any, Any],
+    args: PyTree = None,
+    *,
+    solver: AbstractSolver | None = None,
+    step: AbstractStep | None = None,
+    saveat: SaveAt | None = None,
+    adjoint: AbstractAdjoint | None = None,
+    max_steps: int = 4096,
+    progress: bool = False,
+    throw: bool = True,
+) -> Solution:
+    """Solve ``dy/dt = f(t, y, args)`` from ``t_span[0]`` to ``t_span[1]``.
+
+    Args:
+        f: ``f(t, y, args) -> dy/dt`` with the pytree structure of ``y``; for partitioned
+            solvers a pair ``(f_u, f_v)`` with ``du/dt = f_u(t, v, args)``,
+            ``dv/dt = f_v(t, u, args)`` and ``y0 = (u0, v0)``.
+        y0: the initial state, any pytree of floating arrays (scalars and vectors may mix).
+        t_span: ``(t0, t1)``; ``t1 < t0`` integrates backwards.
+        args: any pytree passed to ``f``; gradients flow to its floating arrays and to arrays
+            that ``f`` closes over.
+        solver: default ``og.Tsit5()``.
+        step: ``og.Adaptive()`` (default), ``og.Fixed(dt)`` or ``og.StepTo(ts)``.
+        saveat: default ``og.SaveAt(t1=True)``.
+        adjoint: how ``jax.grad`` differentiates the solve; default ``og.Auto()``.
+        max_steps: the most steps (accepted and rejected) an adaptive solve may take; the size
+            of the buffers for ``SaveAt(steps=True)`` and dense output.
+        progress: show a progress bar (tqdm) for the forward solve and the reverse pass.
+        throw: raise on failure; ``False`` returns ``sol.result`` instead, keeping what was
+            saved before the failure.
+
+    Returns:
+        A :class:`~odegrad.Solution`.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, odegrad as og
+        >>> def f(t, y, k):
+        ...     return -k * y
+        >>> sol = og.solve(f, jnp.ones(3), (0.0, 1.0), 2.0)
+        >>> sol.ys.shape
+        (1, 3)
+        >>> grad = jax.grad(lambda k: og.solve(f, jnp.ones(3), (0.0, 1.0), k).ys.sum())(2.0)
+    """
+    adjoint = Auto() if adjoint is None else adjoint
+    problem, ctx = _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps)
+    saveat, s, t0, ts_tau, fn_tau, args_ext, y0 = ctx
+    if progress:
+        raise NotImplementedError(
+            "progress=True is not available yet in this version of odegrad; pass progress=False."
+        )
+    out = adjoint.run(problem)
+
+    ts_rows, ys_rows = [], []
+    if saveat.t0:
+        ts_rows.append(t0[None])
+        ys_rows.append(jax.tree.map(lambda x: x[None], fn_tau(problem.tau0, y0, args_ext)))
+    if ts_tau is not None:
+        ts_rows.append(s * ts_tau)
+        ys_rows.append(out.ts_ys)
+    if saveat.steps:
+        ts_rows.append(s * out.steps_ts)
+        ys_rows.append(out.steps_ys)
+    if saveat.t1:
+        ts_rows.append((s * out.t1)[None])
+        ys_rows.append(jax.tree.map(lambda x: x[None], fn_tau(out.t1, out.y1, args_ext)))
+    if ts_rows:
+        ts = jnp.concatenate(ts_rows)
+        ys = jax.tree.map(lambda *rows: jnp.concatenate(rows), *ys_rows)
+    else:
+        ts, ys = None, None
+    if throw:
+        check_result(out.result, s * out.fail_t, out.fail_step)
+    return Solution(ts, ys, out.stats, out.result, out.dense, problem.solver, s)
+
+
+def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps):
+    """Check every input and normalise the solve into a :class:`Problem` in forward time."""
+    solver = Tsit5() if solver is None else solver
+    step = Adaptive() if step is None else step
+    saveat = SaveAt(t1=True) if saveat is None else saveat
+    _check_types(f, solver, step, saveat, adjoint, max_steps)
+
+    y0 = _as_state(y0)
+    tdtype = jnp.result_type(*jax.tree.leaves(y0))
+    t0, t1 = _check_t_span(t_span, tdtype)
+    s = _direction(t0, t1)
+    tau0, tau1 = s * t0, s * t1
+    _check_rhs(f, solver, t0, y0, args)
+
+    grid, control = _grid(step, solver, t0, t1, s, tdtype, max_steps)
+    ts_tau = None if saveat.ts is None else _check_save_ts(saveat.ts, t0, t1, s, tdtype)
+
+    # Move arrays that f and fn close over into args, so that every adjoint sees them.
+    f_args, f_consts = _closure_convert_rhs(f, solver, t0, y0, args)
+    fn = saveat.fn if saveat.fn is not None else (lambda t, y, a: y)
+    fn_conv, fn_consts = jax.closure_convert(fn, t0, y0, args)
+    args_ext = (args, f_consts, fn_consts)
+    f_tau = _time_flip(f_args, s, solver.partitioned)
+
+    def fn_tau(tau, y, a):
+        return fn_conv(s * tau, y, a[0], *a[2])
+
+    args_diff, args_static, combine = partition_args(args_ext)
+    slots = 1
+    if ts_tau is not None and grid is not None:
+        slots = static_slot_count(grid, ts_tau) or ts_tau.shape[0]
+    plan = SavePlan(fn=fn_tau, ts=ts_tau, steps=saveat.steps, dense=saveat.dense, slots=slots)
+    problem = Problem(
+        solver=solver,
+        f=f_tau,
+        y0=y0,
+        args=args_ext,
+        args_diff=args_diff,
+        combine=lambda d: combine(d, args_static),
+        tau0=tau0,
+        tau1=tau1,
+        grid=grid,
+        control=control,
+        plan=plan,
+        max_steps=max_steps,
+    )
+    return problem, (saveat, s, t0, ts_tau, fn_tau, args_ext, y0)
+
+
+def explain_adjoint(
+    f: Callable | tuple[Callable, Callable],
+    y0: PyTree,
+    t_span: tuple[Any, Any],
+    args: PyTree = None,
+    **solve_kwargs,
+) -> str:
+    """Say which adjoint ``og.solve`` would use for this problem, and why, with the numbers.
+
+    Takes the arguments of :func:`solve` (``adjoint`` defaults to ``og.Auto()``).
+
+    Example:
+        >>> print(og.explain_adjoint(f, y0, (0.0, 10.0), args, step=og.Fixed(0.01)))
+    """
+    unknown = set(solve_kwargs) - {
+        "solver",
+        "step",
+        "saveat",
+        "adjoint",
+        "max_steps",
+        "progress",
+        "throw",
+    }
+    if unknown:
+        raise TypeError(f"explain_adjoint: unexpected arguments {sorted(unknown)}.")
+    adjoint = solve_kwargs.get("adjoint") or Auto()
+    problem, _ = _build_problem(
+        f,
+        y0,
+        t_span,
+        args,
+        solve_kwargs.get("solver"),
+        solve_kwargs.get("step"),
+        solve_kwargs.get("saveat"),
+        adjoint,
+        solve_kwargs.get("max_steps", 4096),
+    )
+    return adjoint.describe(problem)
+
+
+# --- input checks, each raising at trace time with the argument and the fix ---------------------
+
+
+def _check_types(f, solver, step, saveat, adjoint, max_steps):
+    if not isinstance(solver, AbstractSolver):
+        raise TypeError(f"solver={solver!r} is not an odegrad solver; use e.g. og.Tsit5().")
+    if solver.partitioned:
+        if not (isinstance(f, tuple | list) and len(f) == 2 and all(map(callable, f))):
+            raise TypeError(
+                f"solver={solver!r} is partitioned: pass f=(f_u, f_v) with "
+                "du/dt = f_u(t, v, args), dv/dt = f_v(t, u, args), and y0=(u0, v0)."
+            )
+    elif not callable(f):
+        if isinstance(f, tuple | list):
+            raise TypeError(
+                f"f is a pair of functions but solver={solver!r} is not partitioned: use "
+                "og.SemiImplicitEuler() or og.Leapfrog(), or pass one f(t, y, args)."
+            )
+        raise TypeError(f"f must be callable f(t, y, args) -> dy/dt, got {f!r}.")
+    if not isinstance(step, AbstractStep):
+        raise TypeError(f"step={step!r}: use og.Adaptive(...), og.Fixed(dt) or og.StepTo(ts).")
+    if not isinstance(saveat, SaveAt):
+        raise TypeError(f"saveat={saveat!r}: use og.SaveAt(...).")
+    if not isinstance(adjoint, AbstractAdjoint):
+        raise TypeError(f"adjoint={adjoint!r}: use e.g. og.Auto() or og.Discrete().")
+    if not isinstance(max_steps, int | np.integer) or max_steps < 1:
+        raise ValueError(f"max_steps={max_steps!r} must be a positive int.")
+    if isinstance(step, Adaptive) and not solver.adaptive:
+        raise ValueError(
+            f"step=og.Adaptive(...) needs an error estimate, which solver={solver!r} does not "
+            "have: use step=og.Fixed(dt) / og.StepTo(ts), or an embedded method such as "
+            "og.Tsit5()."
+        )
+
+
+def _as_state(y0):
+    def leaf(x):
+        x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+                raise TypeError(
+                    f"y0 has a leaf of dtype {x.dtype}; the state must be floating point: "
+                    "pass e.g. jnp.asarray(y0, dtype=float)."
+                )
+            raise TypeError(f"y0 has a leaf of dtype {x.dtype}; only real floats are supported.")
+        return x
+
+    if not jax.tree.leaves(y0):
+        raise ValueError("y0 has no arrays: pass the initial state as a pytree of arrays.")
+    y0 = jax.tree.map(leaf, y0)
+    dtypes = {x.dtype for x in jax.tree.leaves(y0)}
+    if len(dtypes) > 1:
+        raise TypeError(
+            f"y0 mixes dtypes {sorted(map(str, dtypes))}; use one floating dtype for the state."
+        )
+    return y0
+
+
+def _check_t_span(t_span, tdtype):
+    if not isinstance(t_span, tuple | list) or len(t_span) != 2:
+        raise ValueError(f"t_span={t_span!r} must be a pair (t0, t1).")
+    t0, t1 = (jnp.asarray(t, tdtype) for t in t_span)
+    if t0.ndim or t1.ndim:
+        raise ValueError(f"t_span entries must be scalars, got shapes {t0.shape}, {t1.shape}.")
+    if _is_concrete(t0) and _is_concrete(t1):
+        a, b = float(t0), float(t1)
+        if a == b:
+            raise ValueError(f"t_span=({a}, {b}) is empty: t0 and t1 must differ.")
+        if not (np.isfinite(a) and np.isfinite(b)):
+            raise ValueError(f"t_span=({a}, {b}) must be finite.")
+    return t0, t1
+
+
+def _direction(t0, t1):
+    if _is_concrete(t0) and _is_concrete(t1):
+        return 1.0 if float(t1) > float(t0) else -1.0
+    return jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
+
+
+def _check_rhs(f, solver, t0, y0, args):
+    """``f`` must return the structure, shapes and dtype of ``y0`` (checked by tracing once)."""
+    if solver.partitioned:
+        if not (isinstance(y0, tuple | list) and len(y0) == 2):
+            raise ValueError(
+                f"solver={solver!r} is partitioned: y0 must be a pair (u0, v0), got "
+                f"{jax.tree.structure(y0)}."
+            )
+        pairs = [("f_u", f[0], y0[1], y0[0]), ("f_v", f[1], y0[0], y0[1])]
+    else:
+        pairs = [("f", f, y0, y0)]
+    for name, fun, arg, like in pairs:
+        out = jax.eval_shape(fun, t0, arg, args)
+        want = jax.eval_shape(lambda: like)
+        if jax.tree.structure(out) != jax.tree.structure(want):
+            raise ValueError(
+                f"{name} returned structure {jax.tree.structure(out)} but the state it "
+                f"differentiates has structure {jax.tree.structure(want)}; return dy/dt with "
+                "the same pytree structure as y0."
+            )
+        for o, w in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True):
+            if o.shape != w.shape:
+                raise ValueError(
+                    f"{name} returned a leaf of shape {o.shape} where the state has shape "
+                    f"{w.shape}; dy/dt must have the shapes of y0."
+                )
+            if o.dtype != w.dtype:
+                raise ValueError(
+                    f"{name} returned dtype {o.dtype} where the state has {w.dtype}; cast the "
+                    f"result (e.g. .astype({w.dtype})) or give y0 the dtype f computes in."
+                )
+
+
+def _grid(step, solver, t0, t1, s, tdtype, max_steps):
+    """A static-length grid in forward time, or (None, control) for while-loop stepping."""
+    if isinstance(step, Fixed):
+        if _is_concrete(t0) and _is_concrete(t1) and _is_concrete(step.dt):
+            span = abs(float(t1) - float(t0))
+            n = max(1, round(span / float(step.dt)))
+            if n > max_steps:
+                raise ValueError(
+                    f"Fixed(dt={step.dt}) over t_span=({float(t0)}, {float(t1)}) takes {n} steps "
+                    f"but max_steps={max_steps}: pass max_steps>={n} or a larger dt."
+                )
+            tau0, tau1 = s * t0, s * t1
+            k = jnp.arange(n + 1, dtype=tdtype)
+            grid = tau0 + (tau1 - tau0) * (k / n)
+            return grid.at[-1].set(tau1), None
+        n = jnp.maximum(1, jnp.round(jnp.abs(t1 - t0) / step.dt)).astype(jnp.int32)
+        return None, RuntimeGrid(n)
+    if isinstance(step, StepTo):
+        ts = jnp.asarray(step.ts, tdtype)
+        n = ts.shape[0] - 1
+        if n > max_steps:
+            raise ValueError(
+                f"StepTo(ts) takes {n} steps but max_steps={max_steps}: pass max_steps>={n}."
+            )
+        if _is_concrete(ts):
+            tsn = np.asarray(ts)
+            if not np.all(np.diff(s * tsn) > 0) if _is_concrete(s) else False:
+                raise ValueError(
+                    "StepTo(ts): ts must be strictly monotonic in the direction of t_span."
+                )
+            if _is_concrete(t0) and _is_concrete(t1):
+                if tsn[0] != float(t0) or tsn[-1] != float(t1):
+                    raise ValueError(
+                        f"StepTo(ts): ts must start at t0={float(t0)} and end at t1={float(t1)}, "
+                        f"got ts[0]={tsn[0]}, ts[-1]={tsn[-1]}."
+                    )
+        return s * ts, None
+    return None, step
+
+
+def _check_save_ts(ts, t0, t1, s, tdtype):
+    ts = jnp.asarray(ts, tdtype)
+    if _is_concrete(ts) and _is_concrete(s):
+        tau = float(s) * np.asarray(ts)
+        if np.any(np.diff(tau) < 0):
+            raise ValueError(
+                "SaveAt(ts): ts must be sorted in the direction of integration "
+                "(ascending for t1 > t0, descending for t1 < t0)."
+            )
+        if _is_concrete(t0) and _is_concrete(t1) and tau.size:
+            lo, hi = sorted((float(t0), float(t1)))
+            bad = np.asarray(ts)[(np.asarray(ts) < lo) | (np.asarray(ts) > hi)]
+            if bad.size:
+                raise ValueError(
+                    f"SaveAt(ts): times {bad[:3].tolist()} lie outside t_span=({float(t0)}, "
+                    f"{float(t1)}); save times must be inside the span."
+                )
+    return s * ts
+
+
+def _closure_convert_rhs(f, solver, t0, y0, args):
+    """``f`` with closed-over arrays hoisted into an explicit tuple of constants."""
+    if solver.partitioned:
+        fu, cu = jax.closure_convert(f[0], t0, y0[1], args)
+        fv, cv = jax.closure_convert(f[1], t0, y0[0], args)
+        nu = len(cu)
+
+        def f_u(t, v, a):
+            return fu(t, v, a[0], *a[1][:nu])
+
+        def f_v(t, u, a):
+            return fv(t, u, a[0], *a[1][nu:])
+
+        return (f_u, f_v), (*cu, *cv)
+    fc, consts = jax.closure_convert(f, t0, y0, args)
+    return (lambda t, y, a: fc(t, y, a[0], *a[1])), tuple(consts)
+
+
+def _time_flip(f, s, partitioned):
+    """``f`` in forward time ``tau = s * t``: ``dy/dtau = s * f(s * tau, y)``."""
+    if isinstance(s, float) and s == 1.0:
+        return f
+
+    def flip(g):
+        return lambda tau, y, a: jax.tree.map(lambda d: s * d, g(s * tau, y, a))
+
+    return (flip(f[0]), flip(f[1])) if partitioned else flip(f)

@@ -1,0 +1,142 @@
+"""Step-size choice: a fixed grid known up front, or an error-controlled adaptive step.
+
+``Fixed`` and ``StepTo`` describe a grid whose step count is known at trace time, so the forward
+loop is a ``lax.scan``. ``Adaptive`` runs a ``lax.while_loop`` with a PI controller.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._tree import rms_error_ratio
+
+
+def _is_concrete(x) -> bool:
+    try:
+        np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return False
+    return True
+
+
+class AbstractStep:
+    """How the solve chooses its steps."""
+
+
+@dataclass(frozen=True)
+class Fixed(AbstractStep):
+    """Constant steps: exactly ``round((t1 - t0) / dt)`` of them, the last landing on ``t1``.
+
+    The actual step is ``(t1 - t0) / n`` so that the grid ends exactly at ``t1``. With concrete
+    ``t_span`` and ``dt`` the count is static and the solve is one ``lax.scan``.
+
+    Example:
+        >>> step = og.Fixed(0.01)   # 100 steps over t_span=(0, 1)
+    """
+
+    dt: float
+
+    def __post_init__(self):
+        if _is_concrete(self.dt):
+            dt = float(np.asarray(self.dt))
+            if not dt > 0 or not math.isfinite(dt):
+                raise ValueError(
+                    f"Fixed(dt={dt}): dt must be positive and finite; the direction of "
+                    "integration comes from t_span (t1 < t0 integrates backwards)."
+                )
+
+
+@dataclass(frozen=True)
+class StepTo(AbstractStep):
+    """Step exactly from one time of ``ts`` to the next; ``ts[0] == t0`` and ``ts[-1] == t1``.
+
+    Example:
+        >>> step = og.StepTo(jnp.linspace(0.0, 1.0, 101))   # 100 steps
+    """
+
+    ts: jax.Array
+
+    def __post_init__(self):
+        if jnp.ndim(self.ts) != 1 or jnp.shape(self.ts)[0] < 2:
+            raise ValueError(
+                f"StepTo(ts): ts must be a 1-d array of at least 2 times, got shape "
+                f"{jnp.shape(self.ts)}."
+            )
+
+
+@dataclass(frozen=True)
+class Adaptive(AbstractStep):
+    """Error-controlled steps with a PI controller (Gustafsson; Hairer & Wanner II, IV.2).
+
+    A step is accepted when ``RMS(err / (atol + rtol * max(|y0|, |y1|))) <= 1``; the next step is
+    ``dt * clip(safety * e^(-beta1) * e_prev^(beta2), factormin, factormax)`` with
+    ``beta1 = 0.7 / (q + 1)``, ``beta2 = 0.4 / (q + 1)`` and ``q`` the embedded order.
+    ``dt0=None`` picks the first step by Hairer & Wanner's algorithm (II.4, p. 169).
+
+    Example:
+        >>> step = og.Adaptive(rtol=1e-8, atol=1e-8)
+    """
+
+    rtol: float = 1e-6
+    atol: float = 1e-6
+    dt0: float | None = None
+    safety: float = 0.9
+    factormin: float = 0.2
+    factormax: float = 10.0
+    dtmin: float | None = None
+
+    def __post_init__(self):
+        for name in ("rtol", "atol"):
+            v = getattr(self, name)
+            if _is_concrete(v) and not float(np.asarray(v)) >= 0:
+                raise ValueError(f"Adaptive({name}={v}): tolerances must be non-negative.")
+        if _is_concrete(self.rtol) and _is_concrete(self.atol):
+            if float(np.asarray(self.rtol)) == 0 and float(np.asarray(self.atol)) == 0:
+                raise ValueError("Adaptive: rtol and atol cannot both be zero.")
+        if self.dt0 is not None and _is_concrete(self.dt0) and not float(np.asarray(self.dt0)) > 0:
+            raise ValueError(
+                f"Adaptive(dt0={self.dt0}): dt0 must be positive (or None for an automatic "
+                "first step); the direction comes from t_span."
+            )
+
+    # -- the controller, in forward time tau ---------------------------------------------------
+    def error_ratio(self, err, y0, y1):
+        return rms_error_ratio(err, y0, y1, self.rtol, self.atol)
+
+    def next_factor(self, ratio, ratio_prev, q: int):
+        """Step-size factor from the current and previous error ratios (PI control)."""
+        beta1 = 0.7 / (q + 1)
+        beta2 = 0.4 / (q + 1)
+        ratio = jnp.maximum(ratio, 1e-10)
+        factor = self.safety * ratio ** (-beta1) * jnp.maximum(ratio_prev, 1e-4) ** beta2
+        return jnp.clip(factor, self.factormin, self.factormax)
+
+    def initial_step(self, f, t0, y0, f0, args, order: int, span):
+        """Hairer & Wanner's starting step (Solving ODEs I, II.4): one extra evaluation of f."""
+        if self.dt0 is not None:
+            return jnp.minimum(jnp.asarray(self.dt0, span.dtype), span)
+        leaves0, leavesf = jax.tree.leaves(y0), jax.tree.leaves(f0)
+        scale = [self.atol + self.rtol * jnp.abs(y) for y in leaves0]
+        n = max(sum(int(np.prod(jnp.shape(y))) for y in leaves0), 1)
+
+        def norm(vals):
+            return jnp.sqrt(sum(jnp.sum(jnp.square(v / s)) for v, s in zip(vals, scale, strict=True)) / n)
+
+        d0, d1 = norm(leaves0), norm(leavesf)
+        h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
+        h0 = jnp.minimum(h0, span)
+        y1 = jax.tree.map(lambda y, k: y + h0 * k, y0, f0)
+        f1 = f(t0 + h0, y1, args)
+        d2 = norm([a - b for a, b in zip(jax.tree.leaves(f1), leavesf, strict=True)]) / h0
+        dmax = jnp.maximum(d1, d2)
+        h1 = jnp.where(
+            dmax <= 1e-15,
+            jnp.maximum(1e-6, h0 * 1e-3),
+            (0.01 / jnp.maximum(dmax, jnp.finfo(span.dtype).tiny)) ** (1.0 / (order + 1)),
+        )
+        return jnp.minimum(jnp.minimum(100 * h0, h1), span).astype(span.dtype)

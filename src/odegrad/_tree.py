@@ -1,0 +1,103 @@
+"""Small pytree arithmetic used by the solvers and the loops.
+
+Every function here is traced once per solve; none runs per step at Python level.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PyTree = Any
+
+
+def tree_axpy(alpha, x: PyTree, y: PyTree) -> PyTree:
+    """``alpha * x + y`` leafwise."""
+    return jax.tree.map(lambda xi, yi: alpha * xi + yi, x, y)
+
+
+def tree_scale(alpha, x: PyTree) -> PyTree:
+    return jax.tree.map(lambda xi: alpha * xi, x)
+
+
+def tree_add(x: PyTree, y: PyTree) -> PyTree:
+    return jax.tree.map(jnp.add, x, y)
+
+
+def tree_zeros_like(x: PyTree) -> PyTree:
+    return jax.tree.map(jnp.zeros_like, x)
+
+
+def tree_lincomb(base: PyTree | None, scale, coeffs: Sequence[float], terms: Sequence[PyTree]):
+    """``base + scale * sum_i coeffs[i] * terms[i]``, skipping zero coefficients.
+
+    ``coeffs`` are Python floats (a tableau row), so zero terms cost nothing at run time and
+    XLA sees one fused expression per leaf.
+    """
+    pairs = [(c, t) for c, t in zip(coeffs, terms, strict=True) if c != 0]
+    if not pairs:
+        return base if base is not None else tree_zeros_like(terms[0])
+
+    def leaf(b, *ks):
+        dtype = ks[0].dtype
+        acc = None
+        for (c, _), k in zip(pairs, ks, strict=True):
+            term = k if c == 1 else jnp.asarray(c, dtype) * k
+            acc = term if acc is None else acc + term
+        acc = scale * acc
+        return acc if b is None else b + acc
+
+    if base is None:
+        return jax.tree.map(lambda *ks: leaf(None, *ks), *[t for _, t in pairs])
+    return jax.tree.map(leaf, base, *[t for _, t in pairs])
+
+
+def tree_where(pred, x: PyTree, y: PyTree) -> PyTree:
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), x, y)
+
+
+def tree_all_finite(x: PyTree):
+    """One scalar: are all entries finite? (A sum propagates inf/nan and fuses into one pass.)"""
+    leaves = jax.tree.leaves(x)
+    total = sum(jnp.sum(leaf) for leaf in leaves)
+    return jnp.isfinite(total)
+
+
+def tree_size(x: PyTree) -> int:
+    return sum(int(np.prod(jnp.shape(leaf))) for leaf in jax.tree.leaves(x))
+
+
+def rms_error_ratio(err: PyTree, y0: PyTree, y1: PyTree, rtol, atol):
+    """RMS over all entries of ``err / (atol + rtol * max(|y0|, |y1|))`` (Hairer's norm)."""
+    num = 0.0
+    for e, a, b in zip(jax.tree.leaves(err), jax.tree.leaves(y0), jax.tree.leaves(y1), strict=True):
+        scale = atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
+        num = num + jnp.sum(jnp.square(e / scale))
+    return jnp.sqrt(num / max(tree_size(y0), 1))
+
+
+def is_inexact_array(x) -> bool:
+    return isinstance(x, jax.Array | np.ndarray | np.generic) and jnp.issubdtype(
+        jnp.result_type(x), jnp.inexact
+    )
+
+
+def partition_args(args: PyTree):
+    """Split ``args`` into differentiable (inexact array) leaves and everything else.
+
+    Returns ``(diff, static, combine)`` where ``combine(diff, static)`` rebuilds ``args``.
+    """
+    leaves, treedef = jax.tree.flatten(args)
+    mask = [is_inexact_array(leaf) for leaf in leaves]
+    diff = [leaf for leaf, m in zip(leaves, mask, strict=True) if m]
+    static = [leaf for leaf, m in zip(leaves, mask, strict=True) if not m]
+
+    def combine(diff_leaves, static_leaves):
+        it_d, it_s = iter(diff_leaves), iter(static_leaves)
+        return jax.tree.unflatten(treedef, [next(it_d) if m else next(it_s) for m in mask])
+
+    return diff, static, combine

@@ -1,0 +1,85 @@
+"""What every adjoint method sees: the problem, normalised to forward time and explicit args."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+from .._loop import LoopOutput, SavePlan, scan_loop, while_loop
+from .._tree import tree_size
+
+PyTree = Any
+
+
+@dataclass
+class Problem:
+    """A solve, normalised by ``og.solve``.
+
+    Time runs forward (``tau1 > tau0``); ``f`` and ``plan.fn`` take ``(tau, y, args)`` and close
+    over nothing that needs a gradient: closed-over arrays were moved into ``args`` (as leaves
+    of ``args``), and ``combine(diff, static)`` rebuilds ``args`` from its differentiable leaves.
+    """
+
+    solver: Any
+    f: Any
+    y0: PyTree
+    args: PyTree
+    args_diff: list
+    combine: Any
+    tau0: Any
+    tau1: Any
+    grid: Any  # a static-length step grid, or None for while-loop stepping
+    control: Any  # Adaptive or RuntimeGrid when grid is None
+    plan: SavePlan
+    max_steps: int
+
+    @property
+    def static_steps(self) -> int | None:
+        return None if self.grid is None else self.grid.shape[0] - 1
+
+    def with_args(self, args_diff) -> PyTree:
+        return self.combine(args_diff)
+
+    def forward(self, y0=None, args=None, record: str = "none") -> LoopOutput:
+        y0 = self.y0 if y0 is None else y0
+        args = self.args if args is None else args
+        if self.grid is not None:
+            return scan_loop(self.solver, self.f, args, self.grid, y0, self.plan)
+        return while_loop(
+            self.solver,
+            self.control,
+            self.f,
+            args,
+            self.tau0,
+            self.tau1,
+            y0,
+            self.plan,
+            self.max_steps,
+            record,
+        )
+
+    def state_bytes(self) -> int:
+        """Bytes of one state plus the solver's carried state."""
+        st = jax.eval_shape(
+            lambda y, a: self.solver.init(self.f, self.tau0, y, a), self.y0, self.args
+        )
+        leaves = jax.tree.leaves(self.y0) + jax.tree.leaves(st)
+        itemsize = max((jax.numpy.result_type(x).itemsize for x in leaves), default=8)
+        return itemsize * (tree_size(self.y0) + tree_size(st))
+
+
+class AbstractAdjoint(abc.ABC):
+    """How reverse-mode gradients of a solve are computed.
+
+    ``run`` returns the forward :class:`~odegrad._loop.LoopOutput`; its reverse pass is whatever
+    the method defines (a custom VJP, or JAX's own autodiff of a ``lax.scan``).
+    """
+
+    @abc.abstractmethod
+    def run(self, problem: Problem) -> LoopOutput: ...
+
+    def describe(self, problem: Problem) -> str:
+        return repr(self)

@@ -1,0 +1,66 @@
+"""The solver interface: a solver knows how to take one step and how to interpolate inside it."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, NamedTuple
+
+PyTree = Any
+
+
+class StepResult(NamedTuple):
+    """One step from ``(t0, y0)`` to ``t0 + dt``.
+
+    Attributes:
+        y1: the new state.
+        error: the local error estimate (same structure as ``y1``), or ``None``.
+        dense: whatever :meth:`AbstractSolver.interpolate` needs for this step (includes ``y0``,
+            ``y1`` and ``dt`` as the solver sees fit).
+        state: the solver's carried state (e.g. the first-same-as-last stage) for the next step.
+    """
+
+    y1: PyTree
+    error: PyTree | None
+    dense: PyTree
+    state: PyTree
+
+
+class AbstractSolver(abc.ABC):
+    """A one-step method.
+
+    Subclasses set ``order`` (and ``embedded_order`` when they estimate their local error) and
+    implement :meth:`init`, :meth:`step` and :meth:`interpolate`. ``step`` must be a pure function
+    of its inputs so that the adjoints can re-run and differentiate it.
+    """
+
+    order: int
+    embedded_order: int | None = None
+    partitioned: bool = False
+    #: right-hand-side evaluations made by :meth:`init` and by each :meth:`step`.
+    init_evals: int = 0
+    step_evals: int = 1
+
+    @abc.abstractmethod
+    def init(self, f, t0, y0, args) -> PyTree:
+        """The carried state before the first step."""
+
+    @abc.abstractmethod
+    def step(self, f, t0, dt, y0, args, state) -> StepResult:
+        """Advance one step of size ``dt`` (positive: the loops run in forward time)."""
+
+    @abc.abstractmethod
+    def interpolate(self, dense, theta) -> PyTree:
+        """The state at ``t0 + theta * dt``, ``0 <= theta <= 1``, from one step's ``dense``."""
+
+    @property
+    def adaptive(self) -> bool:
+        return self.embedded_order is not None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __eq__(self, other) -> bool:
+        return type(self) is type(other) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(sorted(self.__dict__.items()))))

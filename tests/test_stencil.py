@@ -1,0 +1,260 @@
+"""Tests for odegrad.stencil: every operator against explicit numpy loops, in 1-, 2- and 3-d."""
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import itertools  # noqa: E402
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import odegrad.stencil as st  # noqa: E402
+
+# name -> (kind, axes the stencil acts along (None: every axis), inner points of the others)
+SPECS = {
+    **{f"d_{c}a": ("d", (k,), False) for k, c in enumerate("xyz")},
+    **{f"d_{c}i": ("d", (k,), True) for k, c in enumerate("xyz")},
+    **{f"d2_{c}a": ("d2", (k,), False) for k, c in enumerate("xyz")},
+    **{f"d2_{c}i": ("d2", (k,), True) for k, c in enumerate("xyz")},
+    "all": ("sel", (), False),
+    "inn": ("sel", None, False),
+    **{f"inn_{c}": ("sel", (k,), False) for k, c in enumerate("xyz")},
+    "inn_xy": ("sel", (0, 1), False),
+    "inn_xz": ("sel", (0, 2), False),
+    "inn_yz": ("sel", (1, 2), False),
+    "maxloc": ("max", None, False),
+    "minloc": ("min", None, False),
+}
+for _kind in ("av", "harm"):
+    SPECS[_kind] = (_kind, None, False)
+    for _suffix, _axes in [("x", (0,)), ("y", (1,)), ("z", (2,)), ("xy", (0, 1)),
+                           ("xz", (0, 2)), ("yz", (1, 2))]:  # fmt: skip
+        SPECS[f"{_kind}_{_suffix}a"] = (_kind, _axes, False)
+        SPECS[f"{_kind}_{_suffix}i"] = (_kind, _axes, True)
+
+SHAPES = {1: (7,), 2: (5, 6), 3: (4, 5, 6)}
+
+
+def supported(name):
+    axes = SPECS[name][1] or ()
+    return [nd for nd in (1, 2, 3) if nd > max(axes, default=-1)]
+
+
+def rand(shape, seed=0):
+    # strictly positive so that the harmonic means are well defined
+    return np.random.default_rng(seed).uniform(0.5, 2.0, size=shape)
+
+
+def unit(nd, k, step=1):
+    return np.array([step if j == k else 0 for j in range(nd)])
+
+
+def reference(name, A):
+    """Explicit point-by-point loop implementation of operator `name`."""
+    kind, axes, inner = SPECS[name]
+    nd = A.ndim
+    axes = tuple(range(nd)) if axes is None else axes
+    if kind in ("max", "min"):
+        trim = [2] * nd
+    else:
+        width = {"d": 1, "av": 1, "harm": 1, "d2": 2, "sel": 2}[kind]
+        trim = [width if k in axes else (2 if inner else 0) for k in range(nd)]
+    out = np.empty([n - t for n, t in zip(A.shape, trim, strict=True)])
+    for o in np.ndindex(*out.shape):
+        b = np.array([o[k] + (1 if inner and k not in axes else 0) for k in range(nd)])
+        at = lambda idx: A[tuple(idx)]
+        if kind == "d":
+            val = at(b + unit(nd, axes[0])) - at(b)
+        elif kind == "d2":
+            e = unit(nd, axes[0])
+            val = at(b + 2 * e) - 2 * at(b + e) + at(b)
+        elif kind == "sel":
+            val = at(b + np.array([1 if k in axes else 0 for k in range(nd)]))
+        elif kind in ("av", "harm"):
+            pts = []
+            for corner in itertools.product((0, 1), repeat=len(axes)):
+                shift = np.zeros(nd, dtype=int)
+                shift[list(axes)] = corner
+                pts.append(at(b + shift))
+            val = np.mean(pts) if kind == "av" else len(pts) / np.sum(1 / np.array(pts))
+        else:
+            c = np.array(o) + 1
+            pts = [at(c)] + [at(c + s * unit(nd, k)) for k in range(nd) for s in (-1, 1)]
+            val = max(pts) if kind == "max" else min(pts)
+        out[o] = val
+    return out
+
+
+CASES = [(name, nd) for name in SPECS for nd in supported(name)]
+
+
+def test_specs_cover_public_api():
+    assert set(SPECS) | {"laplacian", "set_inner"} == set(st.__all__)
+    for name in st.__all__:
+        doc = getattr(st, name).__doc__
+        assert doc and "\n" not in doc.strip() and "shape" in doc, name
+
+
+@pytest.mark.parametrize(("name", "nd"), CASES)
+def test_against_numpy_loops(name, nd):
+    A = rand(SHAPES[nd], seed=nd)
+    got = getattr(st, name)(jnp.asarray(A))
+    want = reference(name, A)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13, atol=1e-13)
+    # numpy input works too
+    np.testing.assert_allclose(np.asarray(getattr(st, name)(A)), want, rtol=1e-13, atol=1e-13)
+
+
+def test_literal_3d_formulas():
+    """A few operators transcribed index by index from ParallelStencil's 3-d macros."""
+    nx, ny, nz = 4, 5, 6
+    A = rand((nx, ny, nz), seed=7)
+    d_xi = np.empty((nx - 1, ny - 2, nz - 2))
+    d2_yi = np.empty((nx - 2, ny - 2, nz - 2))
+    av_xyi = np.empty((nx - 1, ny - 1, nz - 2))
+    harm = np.empty((nx - 1, ny - 1, nz - 1))
+    for i, j, k in np.ndindex(*d_xi.shape):
+        d_xi[i, j, k] = A[i + 1, j + 1, k + 1] - A[i, j + 1, k + 1]
+    for i, j, k in np.ndindex(*d2_yi.shape):
+        c = A[i + 1, j + 1, k + 1]
+        d2_yi[i, j, k] = (A[i + 1, j + 2, k + 1] - c) - (c - A[i + 1, j, k + 1])
+    for i, j, k in np.ndindex(*av_xyi.shape):
+        av_xyi[i, j, k] = (A[i, j, k + 1] + A[i + 1, j, k + 1]
+                           + A[i, j + 1, k + 1] + A[i + 1, j + 1, k + 1]) / 4  # fmt: skip
+    for i, j, k in np.ndindex(*harm.shape):
+        harm[i, j, k] = 8 / sum(1 / A[i + a, j + b, k + c]
+                                for a, b, c in itertools.product((0, 1), repeat=3))  # fmt: skip
+    for op, want in [(st.d_xi, d_xi), (st.d2_yi, d2_yi), (st.av_xyi, av_xyi), (st.harm, harm)]:
+        np.testing.assert_allclose(np.asarray(op(A)), want, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_laplacian(nd):
+    A = rand(SHAPES[nd], seed=3)
+    h = [0.5, 0.25, 2.0][:nd]
+    want = np.empty([n - 2 for n in A.shape])
+    for o in np.ndindex(*want.shape):
+        c = np.array(o) + 1
+        want[o] = sum((A[tuple(c + unit(nd, k))] - 2 * A[tuple(c)] + A[tuple(c - unit(nd, k))])
+                      / h[k] ** 2 for k in range(nd))  # fmt: skip
+    np.testing.assert_allclose(np.asarray(st.laplacian(A, h)), want, rtol=1e-12)
+    scalar = st.laplacian(A, 0.5)
+    np.testing.assert_allclose(np.asarray(scalar), np.asarray(st.laplacian(A, [0.5] * nd)))
+    with pytest.raises(ValueError, match=r"^laplacian: spacing has 4 entries .*ndim="):
+        st.laplacian(A, [1.0] * 4)
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_set_inner(nd):
+    A = rand(SHAPES[nd], seed=4)
+    V = rand([n - 2 for n in A.shape], seed=5)
+    got = np.asarray(st.set_inner(A, V))
+    want = A.copy()
+    for o in np.ndindex(*V.shape):
+        want[tuple(np.array(o) + 1)] = V[o]
+    np.testing.assert_array_equal(got, want)
+    assert np.all(np.asarray(st.inn(st.set_inner(A, 3.0))) == 3.0)  # scalar broadcast
+    np.testing.assert_array_equal(np.asarray(st.set_inner(A, V)), got)  # A is not mutated
+    with pytest.raises(ValueError, match=r"^set_inner: values of shape"):
+        st.set_inner(A, np.ones([n - 1 for n in A.shape]))
+
+
+def _fd_check(f, x, n_entries=8, eps=1e-6):
+    """Compare jax.grad(f) with central differences on a few entries of x."""
+    g = np.asarray(jax.grad(f)(jnp.asarray(x)))
+    flat = np.random.default_rng(1).choice(x.size, size=min(n_entries, x.size), replace=False)
+    for idx in flat:
+        e = np.zeros(x.size)
+        e[idx] = eps
+        e = e.reshape(x.shape)
+        fd = (f(x + e) - f(x - e)) / (2 * eps)
+        np.testing.assert_allclose(g.flat[idx], fd, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize(
+    "name", ["d_xa", "d_yi", "d2_zi", "d2_xa", "av", "av_xzi", "harm_yi", "harm_xya", "maxloc"]
+)
+def test_gradients(name):
+    op = getattr(st, name)
+    A = rand(SHAPES[3], seed=11)
+    _fd_check(lambda X: jnp.sum(op(X) ** 2), A)
+
+
+def test_gradients_laplacian_and_set_inner():
+    A = rand(SHAPES[3], seed=12)
+    _fd_check(lambda X: jnp.sum(st.laplacian(X, (0.5, 0.7, 0.9)) ** 2), A)
+    _fd_check(lambda h: jnp.sum(st.laplacian(jnp.asarray(A), (h[0], h[1], h[2])) ** 2),
+              np.array([0.5, 0.7, 0.9]), n_entries=3)  # fmt: skip
+    V = rand((2, 3, 4), seed=13)
+    _fd_check(lambda v: jnp.sum(st.set_inner(jnp.asarray(A), v) ** 3), V)
+    _fd_check(lambda X: jnp.sum(st.set_inner(X, jnp.asarray(V)) ** 3), A)
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_jit(nd):
+    A = jnp.asarray(rand(SHAPES[nd], seed=21))
+    for name in SPECS:
+        if nd in supported(name):
+            op = getattr(st, name)
+            np.testing.assert_allclose(np.asarray(jax.jit(op)(A)), np.asarray(op(A)), rtol=1e-14)
+    h = (0.1, 0.2, 0.3)[:nd]
+    lap = jax.jit(st.laplacian)
+    np.testing.assert_allclose(np.asarray(lap(A, h)), np.asarray(st.laplacian(A, h)), rtol=1e-14)
+    rhs = jax.jit(lambda T: st.set_inner(jnp.zeros_like(T), st.laplacian(T, h)))
+    assert rhs(A).shape == A.shape
+
+
+def test_vmap_over_batch():
+    B = jnp.asarray(rand((3, *SHAPES[2]), seed=22))
+    got = jax.vmap(st.d2_yi)(B)
+    np.testing.assert_allclose(np.asarray(got), np.stack([st.d2_yi(b) for b in B]))
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_wrong_ndim(name):
+    op = getattr(st, name)
+    bad = [nd for nd in (0, 1, 2, 3, 4) if nd not in supported(name)]
+    for nd in bad:
+        A = np.ones((4,) * nd)
+        with pytest.raises(ValueError, match=rf"^{name}: expected a .*array, got ndim={nd}$"):
+            op(A)
+
+
+def test_wrong_ndim_helpers():
+    for nd in (0, 4):
+        with pytest.raises(ValueError, match=rf"^laplacian: .*ndim={nd}"):
+            st.laplacian(np.ones((4,) * nd), 1.0)
+        with pytest.raises(ValueError, match=rf"^set_inner: .*ndim={nd}"):
+            st.set_inner(np.ones((4,) * nd), 0.0)
+
+
+def test_too_few_points():
+    with pytest.raises(ValueError, match=r"^d2_xi: needs at least 2 points along axis 2 \(z\)"):
+        st.d2_xi(np.ones((5, 5, 1)))
+
+
+def test_heat_rhs_example():
+    """The seed-001 heat-diffusion right-hand side from docs/stencil.md."""
+    T = rand((5, 6, 7), seed=31)
+    Ci = rand(T.shape, seed=32)
+    lam, dx, dy, dz = 0.8, 0.5, 0.4, 0.3
+
+    def heat_rhs(T, lam, Ci, dx, dy, dz):
+        interior = (
+            lam * st.inn(Ci) * (st.d2_xi(T) / dx**2 + st.d2_yi(T) / dy**2 + st.d2_zi(T) / dz**2)
+        )
+        return st.set_inner(jnp.zeros_like(T), interior)
+
+    want = np.zeros_like(T)
+    for i, j, k in itertools.product(*(range(1, n - 1) for n in T.shape)):
+        lap = ((T[i + 1, j, k] - 2 * T[i, j, k] + T[i - 1, j, k]) / dx**2
+               + (T[i, j + 1, k] - 2 * T[i, j, k] + T[i, j - 1, k]) / dy**2
+               + (T[i, j, k + 1] - 2 * T[i, j, k] + T[i, j, k - 1]) / dz**2)  # fmt: skip
+        want[i, j, k] = lam * Ci[i, j, k] * lap
+    got = jax.jit(heat_rhs)(T, lam, Ci, dx, dy, dz)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
+    via_lap = st.set_inner(jnp.zeros_like(T), lam * st.inn(Ci) * st.laplacian(T, (dx, dy, dz)))
+    np.testing.assert_allclose(np.asarray(via_lap), want, rtol=1e-12, atol=1e-12)
