@@ -67,8 +67,15 @@ def _options(rtol: float, atol: float, max_num_steps: int, extra: dict | None) -
 
 def _key(problem, ts, rtol, atol, max_num_steps, options, what):
     opt_key = tuple(sorted((options or {}).items()))
-    return (id(problem), what, tuple(ts.tolist()), float(rtol), float(atol), int(max_num_steps),
-            repr(opt_key))
+    return (
+        id(problem),
+        what,
+        tuple(ts.tolist()),
+        float(rtol),
+        float(atol),
+        int(max_num_steps),
+        repr(opt_key),
+    )
 
 
 def _integrator(problem: Problem, ts: np.ndarray, rtol, atol, max_num_steps, options):
@@ -201,11 +208,13 @@ def cvodes_gradient(
     y0, params = _y0_params(problem, y0, params)
     ts = _check_ts(problem, problem.ts() if ts is None else ts)
     n, K = problem.n, ts.size
-    weights = (np.ones((K, n)) if weights is None
-               else np.asarray(weights, dtype=np.float64).reshape(K, n))
+    weights = (
+        np.ones((K, n)) if weights is None else np.asarray(weights, dtype=np.float64).reshape(K, n)
+    )
     if mode == "forward":
-        ys, dy0, dp = cvodes_jacobian(problem, y0, params, ts, rtol, atol,
-                                      max_num_steps=max_num_steps, options=options)
+        ys, dy0, dp = cvodes_jacobian(
+            problem, y0, params, ts, rtol, atol, max_num_steps=max_num_steps, options=options
+        )
         loss = float(np.sum(weights * ys))
         g_y0 = np.einsum("ki,kij->j", weights, dy0)
         g_p = np.einsum("ki,kij->j", weights, dp)

@@ -269,14 +269,26 @@ def _make_linear_rhs(n: int):
 
 def lotka_volterra(a=1.5, b=1.0, c=3.0, d=1.0, y0=(1.0, 1.0), t1=10.0) -> Problem:
     """Predator–prey, params ``(a, b, c, d)``: ``x' = a x - b x z``, ``z' = -c z + d x z``."""
-    return Problem("lotka_volterra", _lotka_volterra, y0, [a, b, c, d], t1,
-                   description="Lotka–Volterra predator–prey")
+    return Problem(
+        "lotka_volterra",
+        _lotka_volterra,
+        y0,
+        [a, b, c, d],
+        t1,
+        description="Lotka–Volterra predator–prey",
+    )
 
 
 def damped_pendulum(damping=0.25, g_over_l=5.0, y0=(1.0, 0.0), t1=10.0) -> Problem:
     """Pendulum ``theta'' = -damping theta' - (g/L) sin theta``, params ``(damping, g/L)``."""
-    return Problem("damped_pendulum", _damped_pendulum, y0, [damping, g_over_l], t1,
-                   description="damped nonlinear pendulum")
+    return Problem(
+        "damped_pendulum",
+        _damped_pendulum,
+        y0,
+        [damping, g_over_l],
+        t1,
+        description="damped nonlinear pendulum",
+    )
 
 
 def lorenz(sigma=10.0, rho=28.0, beta=8.0 / 3.0, y0=(1.0, 1.0, 1.0), t1=1.0) -> Problem:
@@ -286,8 +298,14 @@ def lorenz(sigma=10.0, rho=28.0, beta=8.0 / 3.0, y0=(1.0, 1.0, 1.0), t1=1.0) -> 
 
 def fitzhugh_nagumo(a=0.7, b=0.8, tau=12.5, current=0.5, y0=(-1.0, 1.0), t1=20.0) -> Problem:
     """FitzHugh–Nagumo neuron, params ``(a, b, tau, I)``."""
-    return Problem("fitzhugh_nagumo", _fitzhugh_nagumo, y0, [a, b, tau, current], t1,
-                   description="FitzHugh–Nagumo")
+    return Problem(
+        "fitzhugh_nagumo",
+        _fitzhugh_nagumo,
+        y0,
+        [a, b, tau, current],
+        t1,
+        description="FitzHugh–Nagumo",
+    )
 
 
 def brusselator(a=1.0, b=3.0, y0=(1.5, 3.0), t1=10.0) -> Problem:
@@ -297,14 +315,27 @@ def brusselator(a=1.0, b=3.0, y0=(1.5, 3.0), t1=10.0) -> Problem:
 
 def forced_oscillator(c=0.1, k=4.0, amp=1.0, w=1.5, y0=(1.0, 0.0), t1=10.0) -> Problem:
     """``y'' + c y' + k y = A sin(w t)``, params ``(c, k, A, w)``; explicitly time dependent."""
-    return Problem("forced_oscillator", _forced_oscillator, y0, [c, k, amp, w], t1,
-                   description="forced damped linear oscillator (explicit t)")
+    return Problem(
+        "forced_oscillator",
+        _forced_oscillator,
+        y0,
+        [c, k, amp, w],
+        t1,
+        description="forced damped linear oscillator (explicit t)",
+    )
 
 
 def robertson(k1=0.04, k2=3e7, k3=1e4, y0=(1.0, 0.0, 0.0), t1=100.0) -> Problem:
     """Robertson chemical kinetics (stiff), params ``(k1, k2, k3)``."""
-    return Problem("robertson", _robertson, y0, [k1, k2, k3], t1, stiff=True,
-                   description="Robertson chemical kinetics")
+    return Problem(
+        "robertson",
+        _robertson,
+        y0,
+        [k1, k2, k3],
+        t1,
+        stiff=True,
+        description="Robertson chemical kinetics",
+    )
 
 
 def van_der_pol(mu=1000.0, y0=(2.0, 0.0), t1=None, name=None) -> Problem:
@@ -317,8 +348,9 @@ def van_der_pol(mu=1000.0, y0=(2.0, 0.0), t1=None, name=None) -> Problem:
         t1 = 500.0 if stiff else 10.0
     if name is None:
         name = "van_der_pol_stiff" if stiff else "van_der_pol"
-    return Problem(name, _van_der_pol, y0, [mu], t1, stiff=stiff,
-                   description=f"Van der Pol, mu={mu:g}")
+    return Problem(
+        name, _van_der_pol, y0, [mu], t1, stiff=stiff, description=f"Van der Pol, mu={mu:g}"
+    )
 
 
 def linear(a=None, y0=(1.0, -0.5, 0.25), t1=2.0) -> Problem:
@@ -329,8 +361,15 @@ def linear(a=None, y0=(1.0, -0.5, 0.25), t1=2.0) -> Problem:
     n = a.shape[0]
     if a.shape != (n, n) or len(y0) != n:
         raise ValueError("A must be square and match y0")
-    return Problem("linear", _make_linear_rhs(n), y0, a.ravel(), t1,
-                   description="linear constant-coefficient system", extra={"n": n})
+    return Problem(
+        "linear",
+        _make_linear_rhs(n),
+        y0,
+        a.ravel(),
+        t1,
+        description="linear constant-coefficient system",
+        extra={"n": n},
+    )
 
 
 PROBLEMS: dict[str, Problem] = {

@@ -125,7 +125,9 @@ class Adaptive(AbstractStep):
         n = max(sum(int(np.prod(jnp.shape(y))) for y in leaves0), 1)
 
         def norm(vals):
-            return jnp.sqrt(sum(jnp.sum(jnp.square(v / s)) for v, s in zip(vals, scale, strict=True)) / n)
+            return jnp.sqrt(
+                sum(jnp.sum(jnp.square(v / s)) for v, s in zip(vals, scale, strict=True)) / n
+            )
 
         d0, d1 = norm(leaves0), norm(leavesf)
         h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
