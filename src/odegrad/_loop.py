@@ -1,6 +1,7 @@
 """The forward integration loops.
 
-Both loops run in forward time ``tau`` (``og.solve`` flips time for backward integration).
+Both loops control time in forward time ``tau = s * t`` (``s = -1`` integrates backwards) but call
+the solver in real time with a signed step, so ``f`` itself is never wrapped.
 
 * :func:`scan_loop` — a step grid whose length is known at trace time: one ``lax.scan``, no
   per-step control flow, differentiable by JAX itself.
@@ -83,7 +84,10 @@ def static_slot_count(grid, ts) -> int | None:
 
 
 def save_in_step(plan: SavePlan, solver, args, t0, dt, dense, buf, j, j_end):
-    """Write the saves ``j <= i < j_end`` that fall in one step into ``buf`` (a while loop)."""
+    """Write the saves ``j <= i < j_end`` that fall in one step into ``buf`` (a while loop).
+
+    ``t0``, ``dt`` and ``plan.ts`` are in forward time ``tau``.
+    """
     ts = plan.ts
 
     def cond(c):
@@ -98,11 +102,12 @@ def save_in_step(plan: SavePlan, solver, args, t0, dt, dense, buf, j, j_end):
     return lax.while_loop(cond, body, (j, buf))
 
 
-def scan_loop(solver, f, args, grid, y0, plan: SavePlan) -> LoopOutput:
-    """Integrate over a grid of ``len(grid) - 1`` steps known at trace time."""
+def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0) -> LoopOutput:
+    """Integrate over a grid (in ``tau``) of ``len(grid) - 1`` steps known at trace time."""
     n_steps = grid.shape[0] - 1
-    st0 = solver.init(f, grid[0], y0, args)
-    xs = {"t0": grid[:-1], "t1": grid[1:], "k": jnp.arange(n_steps)}
+    t_real = grid if isinstance(s, float) and s == 1.0 else s * grid
+    st0 = solver.init(f, t_real[0], y0, args)
+    xs = {"t0": t_real[:-1], "t1": t_real[1:], "k": jnp.arange(n_steps)}
     ts_buf = None
     if plan.ts is not None:
         n_ts = plan.ts.shape[0]
@@ -117,14 +122,14 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan) -> LoopOutput:
             for slot in range(plan.slots):
                 i = x["start"] + slot
                 i_safe = jnp.minimum(i, n_ts - 1)
-                theta = (plan.ts[i_safe] - x["t0"]) / dt
+                theta = (s * plan.ts[i_safe] - x["t0"]) / dt
                 val = plan.fn(plan.ts[i_safe], solver.interpolate(res.dense, theta), args)
                 buf = _set_row(buf, jnp.where(slot < x["count"], i, n_ts), val)
         bad = ~tree_all_finite(res.y1)
         first_bad = jnp.where((first_bad == n_steps) & bad, x["k"], first_bad)
         out = {}
         if plan.steps:
-            out["y"] = plan.fn(x["t1"], res.y1, args)
+            out["y"] = plan.fn(s * x["t1"], res.y1, args)
         if plan.dense:
             out["dense"] = res.dense
         return (res.y1, res.state, buf, first_bad), out
@@ -158,7 +163,17 @@ class RuntimeGrid(NamedTuple):
 
 
 def while_loop(
-    solver, control, f, args, tau0, tau1, y0, plan: SavePlan, max_steps: int, record: str = "none"
+    solver,
+    control,
+    f,
+    args,
+    tau0,
+    tau1,
+    y0,
+    plan: SavePlan,
+    max_steps: int,
+    record: str = "none",
+    s=1.0,
 ) -> LoopOutput:
     """Integrate from ``tau0`` to ``tau1 > tau0`` in one ``lax.while_loop``.
 
@@ -168,12 +183,14 @@ def while_loop(
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
-    st0 = solver.init(f, tau0, y0, args)
+    st0 = solver.init(f, s * tau0, y0, args)
     span = tau1 - tau0
     if adaptive:
-        f0 = st0 if jax.tree.structure(st0) == jax.tree.structure(y0) else f(tau0, y0, args)
+        f0 = st0 if jax.tree.structure(st0) == jax.tree.structure(y0) else f(s * tau0, y0, args)
+        f0 = jax.tree.map(lambda d: s * d, f0)
+        f_tau = lambda tau, y, a: jax.tree.map(lambda d: s * d, f(s * tau, y, a))
         order = solver.embedded_order + 1 if solver.embedded_order is not None else solver.order
-        h0 = control.initial_step(f, tau0, y0, f0, args, order, span)
+        h0 = control.initial_step(f_tau, tau0, y0, f0, args, order, span)
         init_evals = solver.init_evals + (0 if control.dt0 is not None else 1)
     else:
         h0 = span / control.n
@@ -205,7 +222,7 @@ def while_loop(
         c["sizes"] = jnp.ones((max_steps,), tdtype)
     if plan.dense:
         dense_shape = jax.eval_shape(
-            lambda: solver.step(f, tau0, jnp.asarray(1.0, tdtype), y0, args, st0).dense
+            lambda: solver.step(f, s * tau0, jnp.asarray(s, tdtype), y0, args, st0).dense
         )
         c["dense"] = _fill(dense_shape, max_steps, 0.0)
     if record == "all":
@@ -223,7 +240,7 @@ def while_loop(
         else:
             h = jnp.where(c["acc"] + 1 >= control.n, remaining, tau0 + (c["acc"] + 1) * c["h"] - t)
         last = h >= remaining
-        res = solver.step(f, t, h, y, args, st)
+        res = solver.step(f, s * t, s * h, y, args, st)
         finite = tree_all_finite(res.y1)
         if adaptive:
             ratio = control.error_ratio(res.error, y, res.y1)

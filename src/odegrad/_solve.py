@@ -122,7 +122,6 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
     fn = saveat.fn if saveat.fn is not None else (lambda t, y, a: y)
     fn_conv, fn_consts = jax.closure_convert(fn, t0, y0, args)
     args_ext = (args, f_consts, fn_consts)
-    f_tau = _time_flip(f_args, s, solver.partitioned)
 
     def fn_tau(tau, y, a):
         return fn_conv(s * tau, y, a[0], *a[2])
@@ -134,7 +133,8 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
     plan = SavePlan(fn=fn_tau, ts=ts_tau, steps=saveat.steps, dense=saveat.dense, slots=slots)
     problem = Problem(
         solver=solver,
-        f=f_tau,
+        f=f_args,
+        direction=s,
         y0=y0,
         args=args_ext,
         args_diff=args_diff,
@@ -377,14 +377,3 @@ def _closure_convert_rhs(f, solver, t0, y0, args):
         return (f_u, f_v), (*cu, *cv)
     fc, consts = jax.closure_convert(f, t0, y0, args)
     return (lambda t, y, a: fc(t, y, a[0], *a[1])), tuple(consts)
-
-
-def _time_flip(f, s, partitioned):
-    """``f`` in forward time ``tau = s * t``: ``dy/dtau = s * f(s * tau, y)``."""
-    if isinstance(s, float) and s == 1.0:
-        return f
-
-    def flip(g):
-        return lambda tau, y, a: jax.tree.map(lambda d: s * d, g(s * tau, y, a))
-
-    return (flip(f[0]), flip(f[1])) if partitioned else flip(f)

@@ -18,13 +18,15 @@ PyTree = Any
 class Problem:
     """A solve, normalised by ``og.solve``.
 
-    Time runs forward (``tau1 > tau0``); ``f`` and ``plan.fn`` take ``(tau, y, args)`` and close
-    over nothing that needs a gradient: closed-over arrays were moved into ``args`` (as leaves
-    of ``args``), and ``combine(diff, static)`` rebuilds ``args`` from its differentiable leaves.
+    Times are in forward time ``tau = direction * t`` (``tau1 > tau0``); ``f(t, y, args)`` takes
+    real time and ``plan.fn`` takes ``tau``. Neither closes over anything that needs a gradient:
+    closed-over arrays were moved into ``args``, and ``combine(diff)`` rebuilds ``args`` from its
+    differentiable leaves.
     """
 
     solver: Any
     f: Any
+    direction: Any
     y0: PyTree
     args: PyTree
     args_diff: list
@@ -47,7 +49,7 @@ class Problem:
         y0 = self.y0 if y0 is None else y0
         args = self.args if args is None else args
         if self.grid is not None:
-            return scan_loop(self.solver, self.f, args, self.grid, y0, self.plan)
+            return scan_loop(self.solver, self.f, args, self.grid, y0, self.plan, self.direction)
         return while_loop(
             self.solver,
             self.control,
@@ -59,13 +61,20 @@ class Problem:
             self.plan,
             self.max_steps,
             record,
+            self.direction,
         )
+
+    def step(self, tau, h, y, args, state):
+        """One solver step from forward time ``tau`` with forward-time size ``h``."""
+        s = self.direction
+        return self.solver.step(self.f, s * tau, s * h, y, args, state)
+
+    def init_state(self, y, args):
+        return self.solver.init(self.f, self.direction * self.tau0, y, args)
 
     def state_bytes(self) -> int:
         """Bytes of one state plus the solver's carried state."""
-        st = jax.eval_shape(
-            lambda y, a: self.solver.init(self.f, self.tau0, y, a), self.y0, self.args
-        )
+        st = jax.eval_shape(self.init_state, self.y0, self.args)
         leaves = jax.tree.leaves(self.y0) + jax.tree.leaves(st)
         itemsize = max((jax.numpy.result_type(x).itemsize for x in leaves), default=8)
         return itemsize * (tree_size(self.y0) + tree_size(st))

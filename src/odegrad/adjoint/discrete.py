@@ -82,7 +82,7 @@ class Discrete(AbstractAdjoint):
 
 def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
     """The solve with a custom VJP that reverses the steps under binomial checkpointing."""
-    solver, f, plan = problem.solver, problem.f, problem.plan
+    solver, plan = problem.solver, problem.plan
     fixed = problem.static_steps is not None
     store_all = checkpoints == "all"
     record = "all" if store_all else "times"
@@ -113,7 +113,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             j_start = jnp.where(jnp.arange(n_rows) < n, j_start, 0)
 
         def step_fn(k, y, st, a_diff):
-            res_ = solver.step(f, starts[k], sizes[k], y, problem.with_args(a_diff), st)
+            res_ = problem.step(starts[k], sizes[k], y, problem.with_args(a_diff), st)
             return res_.y1, res_.state, res_.dense
 
         def advance(k, x):
@@ -153,7 +153,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             cy0, cst0, ca0 = vjp((a_y, a_st, ct_dense))
             return cy0, cst0, tree_add(a_args, ca0)
 
-        st0 = solver.init(f, problem.tau0, y0, args)
+        st0 = problem.init_state(y0, args)
         adj = (ct.y1, tree_zeros_like(st0), tree_zeros_like(args_diff))
         if store_all:
             stored = ((rec["y"], rec["st"]), n)
@@ -163,7 +163,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
         a_y, a_st, a_args = reverse_steps(advance, backward, n, (y0, st0), adj, slots, stored)
         # the solver's initial state (e.g. k1 = f(t0, y0)) depends on y0 and args too
         _, vjp_init = jax.vjp(
-            lambda y, a: solver.init(f, problem.tau0, y, problem.with_args(a)), y0, args_diff
+            lambda y, a: problem.init_state(y, problem.with_args(a)), y0, args_diff
         )
         cy, ca = vjp_init(a_st)
         return tree_add(a_y, cy), tree_add(a_args, ca)
