@@ -252,7 +252,7 @@ def _van_der_pol(t, y, p, m):
     # x'' = mu (1 - x^2) x' - x, as a first-order system
     x, v = y[0], y[1]
     mu = p[0]
-    return m.stack([v, mu * ((1.0 - x * x) * v - x)])
+    return m.stack([v, mu * (1.0 - x * x) * v - x])
 
 
 def _make_linear_rhs(n: int):

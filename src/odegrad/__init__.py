@@ -5,7 +5,15 @@ from ._saveat import SaveAt
 from ._solution import Result, Solution
 from ._solve import explain_adjoint, solve
 from ._step import Adaptive, Fixed, StepTo
-from .adjoint import AbstractAdjoint, Auto, Discrete
+from .adjoint import (
+    AbstractAdjoint,
+    Auto,
+    Backsolve,
+    Discrete,
+    Forward,
+    Interpolating,
+    Quadrature,
+)
 from .solvers import (
     BS3,
     RK4,
@@ -31,15 +39,19 @@ __all__ = [
     "AbstractSolver",
     "Adaptive",
     "Auto",
+    "Backsolve",
     "Discrete",
     "Dopri5",
     "Dopri8",
     "Euler",
     "ExplicitRK",
     "Fixed",
+    "Forward",
     "Heun",
+    "Interpolating",
     "Leapfrog",
     "Midpoint",
+    "Quadrature",
     "Ralston",
     "Result",
     "SaveAt",

@@ -36,6 +36,9 @@ class SavePlan:
     steps: bool = False
     dense: bool = False
     slots: int = 1  # saves per step the scan reserves (static); only for scan_loop with ts
+    #: optional ``accumulate(t, dt, dense, args) -> pytree`` summed over accepted steps (while
+    #: loop only; real time, signed ``dt``); the quadrature adjoint integrates with it.
+    accumulate: Any = None
 
 
 class LoopOutput(NamedTuple):
@@ -50,6 +53,7 @@ class LoopOutput(NamedTuple):
     fail_t: Any
     fail_step: Any
     record: dict  # what the adjoint asked the loop to keep
+    accumulated: Any = None
 
 
 def _fill(tree, n, value=jnp.inf):
@@ -115,7 +119,7 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0) -> LoopOutput:
         ts_buf = _fill(jax.eval_shape(plan.fn, grid[0], y0, args), n_ts)
 
     def body(carry, x):
-        y, st, buf, first_bad = carry
+        y, st, buf = carry
         dt = x["t1"] - x["t0"]
         res = solver.step(f, x["t0"], dt, y, args, st)
         if buf is not None:
@@ -125,18 +129,20 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0) -> LoopOutput:
                 theta = (s * plan.ts[i_safe] - x["t0"]) / dt
                 val = plan.fn(plan.ts[i_safe], solver.interpolate(res.dense, theta), args)
                 buf = _set_row(buf, jnp.where(slot < x["count"], i, n_ts), val)
-        bad = ~tree_all_finite(res.y1)
-        first_bad = jnp.where((first_bad == n_steps) & bad, x["k"], first_bad)
         out = {}
         if plan.steps:
             out["y"] = plan.fn(s * x["t1"], res.y1, args)
         if plan.dense:
             out["dense"] = res.dense
-        return (res.y1, res.state, buf, first_bad), out
+        return (res.y1, res.state, buf), out
 
-    carry0 = (y0, st0, ts_buf, jnp.asarray(n_steps))
-    (y1, _, ts_buf, first_bad), out = lax.scan(body, carry0, xs)
-    failed = first_bad < n_steps
+    (y1, _, ts_buf), out = lax.scan(body, (y0, st0, ts_buf), xs)
+    # No per-step finiteness test (it would cost a pass over the state every step): a non-finite
+    # value propagates to the end, and the saved rows locate where it first appeared.
+    first_bad, fail_t = _first_nonfinite(out.get("y"), grid[1:], ts_buf, plan.ts)
+    failed = ~tree_all_finite(y1) | (first_bad >= 0)
+    first_bad = jnp.where(first_bad >= 0, first_bad, n_steps)
+    fail_t = jnp.where(jnp.isfinite(fail_t), fail_t, grid[-1])
     n = jnp.asarray(n_steps)
     evals = solver.init_evals + n_steps * solver.step_evals
     stats = {"steps": n, "accepted": n, "rejected": jnp.asarray(0), "rhs_evals": jnp.asarray(evals)}
@@ -150,10 +156,25 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0) -> LoopOutput:
         dense=dense,
         stats=stats,
         result=jnp.where(failed, Result.nonfinite, Result.success).astype(jnp.int32),
-        fail_t=grid[jnp.minimum(first_bad, n_steps - 1)],
+        fail_t=fail_t,
         fail_step=first_bad,
         record={},
     )
+
+
+def _first_nonfinite(steps_rows, step_times, ts_rows, save_times):
+    """Index (or -1) and time (tau, or inf) of the first saved row holding a non-finite value."""
+    if steps_rows is not None:
+        rows, times, is_step = steps_rows, step_times, True
+    elif ts_rows is not None:
+        rows, times, is_step = ts_rows, save_times, False
+    else:
+        return jnp.asarray(-1), jnp.asarray(jnp.inf, step_times.dtype)
+    ok = jax.vmap(tree_all_finite)(rows)
+    first = jnp.argmin(ok)
+    bad = ~ok[first]
+    idx = jnp.where(bad & is_step, first, -1)
+    return idx, jnp.where(bad, times[first], jnp.inf)
 
 
 class RuntimeGrid(NamedTuple):
@@ -190,7 +211,7 @@ def while_loop(
         f0 = jax.tree.map(lambda d: s * d, f0)
         f_tau = lambda tau, y, a: jax.tree.map(lambda d: s * d, f(s * tau, y, a))
         order = solver.embedded_order + 1 if solver.embedded_order is not None else solver.order
-        h0 = control.initial_step(f_tau, tau0, y0, f0, args, order, span)
+        h0 = lax.stop_gradient(control.initial_step(f_tau, tau0, y0, f0, args, order, span))
         init_evals = solver.init_evals + (0 if control.dt0 is not None else 1)
     else:
         h0 = span / control.n
@@ -225,6 +246,18 @@ def while_loop(
             lambda: solver.step(f, s * tau0, jnp.asarray(s, tdtype), y0, args, st0).dense
         )
         c["dense"] = _fill(dense_shape, max_steps, 0.0)
+    if plan.accumulate is not None:
+        c["acc_sum"] = jax.tree.map(
+            jnp.zeros_like,
+            jax.eval_shape(
+                lambda: plan.accumulate(
+                    s * tau0,
+                    jnp.asarray(s, tdtype),
+                    solver.step(f, s * tau0, jnp.asarray(s, tdtype), y0, args, st0).dense,
+                    args,
+                )
+            ),
+        )
     if record == "all":
         c["rec_y"] = _fill(y0, max_steps, 0.0)
         c["rec_st"] = _fill(st0, max_steps, 0.0)
@@ -243,7 +276,8 @@ def while_loop(
         res = solver.step(f, s * t, s * h, y, args, st)
         finite = tree_all_finite(res.y1)
         if adaptive:
-            ratio = control.error_ratio(res.error, y, res.y1)
+            # step sizes are constants of the discretisation: no derivative flows through them
+            ratio = lax.stop_gradient(control.error_ratio(res.error, y, res.y1))
             ratio = jnp.where(finite & jnp.isfinite(ratio), ratio, jnp.inf)
             accept = ratio <= 1
             factor = control.next_factor(ratio, c["ratio_prev"], solver.embedded_order)
@@ -272,6 +306,11 @@ def while_loop(
             new["sizes"] = c["sizes"].at[drop].set(h, mode="drop")
         if plan.dense:
             new["dense"] = _set_row(c["dense"], drop, res.dense)
+        if plan.accumulate is not None:
+            contrib = plan.accumulate(s * t, s * h, res.dense, args)
+            new["acc_sum"] = jax.tree.map(
+                lambda a, b: a + jnp.where(accept, b, 0), c["acc_sum"], contrib
+            )
         if record == "all":
             new["rec_y"] = _set_row(c["rec_y"], drop, y)
             new["rec_st"] = _set_row(c["rec_st"], drop, st)
@@ -320,4 +359,13 @@ def while_loop(
         fail_t=c["t"],
         fail_step=c["n"],
         record=rec,
+        accumulated=c.get("acc_sum"),
     )
+
+
+def dense_evaluate(solver, dense, tau):
+    """The state at forward time ``tau`` from a loop's dense output ``(starts, sizes, data, n)``."""
+    starts, sizes, data, n = dense
+    k = jnp.clip(jnp.searchsorted(starts, tau, side="right") - 1, 0, n - 1)
+    theta = (tau - starts[k]) / sizes[k]
+    return solver.interpolate(jax.tree.map(lambda x: x[k], data), theta)

@@ -84,12 +84,9 @@ class Solution:
         t = jnp.asarray(t)
         if t.ndim > 0:
             return jax.vmap(self.evaluate)(t)
-        starts, sizes, data, n = self._dense
-        tau = self._direction * t
-        k = jnp.clip(jnp.searchsorted(starts, tau, side="right") - 1, 0, n - 1)
-        theta = (tau - starts[k]) / sizes[k]
-        step_data = jax.tree.map(lambda x: x[k], data)
-        return self._solver.interpolate(step_data, theta)
+        from ._loop import dense_evaluate
+
+        return dense_evaluate(self._solver, self._dense, self._direction * t)
 
     def __repr__(self) -> str:
         shapes = jax.tree.map(lambda x: getattr(x, "shape", x), self.ys)
@@ -116,6 +113,14 @@ def check_result(result, t, step):
             )
 
     if isinstance(result, jax.core.Tracer):
-        jax.debug.callback(_raise, result, t, step)
+        # only a failed solve pays for the trip to the host (under vmap both branches run)
+        jax.lax.cond(
+            jnp.any(result != 0),
+            lambda r, t_, s_: jax.debug.callback(_raise, r, t_, s_),
+            lambda r, t_, s_: None,
+            result,
+            t,
+            step,
+        )
     else:
         _raise(result, t, step)

@@ -85,7 +85,8 @@ def solve(
         ts_rows.append(s * ts_tau)
         ys_rows.append(out.ts_ys)
     if saveat.steps:
-        ts_rows.append(s * out.steps_ts)
+        # rows after the last step hold inf in forward time; keep them +inf after the flip
+        ts_rows.append(jnp.where(jnp.isfinite(out.steps_ts), s * out.steps_ts, jnp.inf))
         ys_rows.append(out.steps_ys)
     if saveat.t1:
         ts_rows.append((s * out.t1)[None])
@@ -130,6 +131,9 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
     slots = 1
     if ts_tau is not None and grid is not None:
         slots = static_slot_count(grid, ts_tau) or ts_tau.shape[0]
+    # concrete times were kept as numpy for the checks above; from here on they are arrays
+    to_jnp = lambda x: None if x is None else jnp.asarray(x, tdtype)
+    grid, ts_tau, t0, tau0, tau1 = map(to_jnp, (grid, ts_tau, t0, tau0, tau1))
     plan = SavePlan(fn=fn_tau, ts=ts_tau, steps=saveat.steps, dense=saveat.dense, slots=slots)
     problem = Problem(
         solver=solver,
@@ -250,7 +254,7 @@ def _as_state(y0):
 def _check_t_span(t_span, tdtype):
     if not isinstance(t_span, tuple | list) or len(t_span) != 2:
         raise ValueError(f"t_span={t_span!r} must be a pair (t0, t1).")
-    t0, t1 = (jnp.asarray(t, tdtype) for t in t_span)
+    t0, t1 = (_as_time(t, tdtype) for t in t_span)
     if t0.ndim or t1.ndim:
         raise ValueError(f"t_span entries must be scalars, got shapes {t0.shape}, {t1.shape}.")
     if _is_concrete(t0) and _is_concrete(t1):
@@ -260,6 +264,13 @@ def _check_t_span(t_span, tdtype):
         if not (np.isfinite(a) and np.isfinite(b)):
             raise ValueError(f"t_span=({a}, {b}) must be finite.")
     return t0, t1
+
+
+def _as_time(t, tdtype):
+    """Times as numpy when concrete (so that step counts stay static under jit), else traced."""
+    if _is_concrete(t):
+        return np.asarray(t, dtype=tdtype)
+    return jnp.asarray(t, tdtype)
 
 
 def _direction(t0, t1):
@@ -319,7 +330,7 @@ def _grid(step, solver, t0, t1, s, tdtype, max_steps):
         n = jnp.maximum(1, jnp.round(jnp.abs(t1 - t0) / step.dt)).astype(jnp.int32)
         return None, RuntimeGrid(n)
     if isinstance(step, StepTo):
-        ts = jnp.asarray(step.ts, tdtype)
+        ts = _as_time(step.ts, tdtype)
         n = ts.shape[0] - 1
         if n > max_steps:
             raise ValueError(
@@ -342,7 +353,7 @@ def _grid(step, solver, t0, t1, s, tdtype, max_steps):
 
 
 def _check_save_ts(ts, t0, t1, s, tdtype):
-    ts = jnp.asarray(ts, tdtype)
+    ts = _as_time(ts, tdtype)
     if _is_concrete(ts) and _is_concrete(s):
         tau = float(s) * np.asarray(ts)
         if np.any(np.diff(tau) < 0):

@@ -2,6 +2,17 @@
 
 from .auto import Auto
 from .base import AbstractAdjoint, Problem
+from .continuous import Backsolve, Interpolating, Quadrature
 from .discrete import Discrete
+from .forward import Forward
 
-__all__ = ["AbstractAdjoint", "Auto", "Discrete", "Problem"]
+__all__ = [
+    "AbstractAdjoint",
+    "Auto",
+    "Backsolve",
+    "Discrete",
+    "Forward",
+    "Interpolating",
+    "Problem",
+    "Quadrature",
+]

@@ -65,23 +65,25 @@ def reverse_steps(
     Returns:
         The adjoint before step 0.
     """
-    if stored is None:
-        buf = jax.tree.map(lambda x: jnp.zeros((slots, *jnp.shape(x)), jnp.result_type(x)), x0)
-        buf = jax.tree.map(lambda b, x: b.at[0].set(x), buf, x0)
-        pos = jnp.zeros((slots,), jnp.int32)
-        height = jnp.asarray(1, jnp.int32)
-    else:
-        buf, count = stored
-        pos = jnp.arange(slots, dtype=jnp.int32)
-        height = jnp.asarray(count, jnp.int32)
     n = jnp.asarray(n, jnp.int32)
-    top = jnp.maximum(height - 1, 0)
+    if stored is not None:
+        # every state is already kept: a plain reverse sweep reading a loop-invariant buffer
+        buf, _ = stored
+
+        def sweep(j, adj):
+            k = n - 1 - j
+            return backward(k, jax.tree.map(lambda b: b[k], buf), adj)
+
+        return lax.fori_loop(0, n, sweep, adjoint)
+
+    buf = jax.tree.map(lambda x: jnp.zeros((slots, *jnp.shape(x)), jnp.result_type(x)), x0)
+    buf = jax.tree.map(lambda b, x: b.at[0].set(x), buf, x0)
     carry = {
         "buf": buf,
-        "pos": pos,
-        "height": height,
-        "x": jax.tree.map(lambda b: b[top], buf),
-        "cur": pos[top],
+        "pos": jnp.zeros((slots,), jnp.int32),
+        "height": jnp.asarray(1, jnp.int32),
+        "x": x0,
+        "cur": jnp.asarray(0, jnp.int32),
         "fine": n,
         "adj": adjoint,
     }
@@ -89,30 +91,43 @@ def reverse_steps(
     def advance_to(k_from, k_to, x):
         return lax.fori_loop(k_from, k_to, lambda k, xk: advance(k, xk), x)
 
-    def step_back(c):
-        adj = backward(c["cur"], c["x"], c["adj"])
-        fine = c["cur"]
-        # drop the checkpoint at `fine` (no longer needed), then restore from the top one
-        height = jnp.where(c["pos"][c["height"] - 1] >= fine, c["height"] - 1, c["height"])
-        height = jnp.maximum(height, 1)
-        top = height - 1
-        x = jax.tree.map(lambda b: b[top], c["buf"])
-        return {**c, "adj": adj, "fine": fine, "height": height, "x": x, "cur": c["pos"][top]}
+    # The branches see only small values; the checkpoint buffer is read and written outside the
+    # conditional so that XLA updates it in place instead of copying it every iteration.
+    def step_back(small):
+        x, cur, _, adj, _ = small
+        return x, cur, cur, backward(cur, x, adj), jnp.asarray(False)
 
-    def move_forward(c):
-        length = c["fine"] - c["cur"]
-        free = slots - c["height"]
-        target = jnp.where(free > 0, c["cur"] + binomial_advance(length, free), c["fine"] - 1)
-        x = advance_to(c["cur"], target, c["x"])
-        push = free > 0
-        idx = jnp.where(push, c["height"], slots)  # out of range: no write
-        buf = jax.tree.map(lambda b, xi: b.at[idx].set(xi, mode="drop"), c["buf"], x)
-        pos = c["pos"].at[idx].set(target, mode="drop")
-        height = c["height"] + push.astype(jnp.int32)
-        return {**c, "buf": buf, "pos": pos, "height": height, "x": x, "cur": target}
+    def move_forward(small):
+        x, cur, fine, adj, free = small
+        length = fine - cur
+        target = jnp.where(free > 0, cur + binomial_advance(length, free), fine - 1)
+        return advance_to(cur, target, x), target, fine, adj, free > 0
 
     def body(c):
-        return lax.cond(c["fine"] - c["cur"] == 1, step_back, move_forward, c)
+        free = slots - c["height"]
+        small = (c["x"], c["cur"], c["fine"], c["adj"], free)
+        back = c["fine"] - c["cur"] == 1
+        x, cur, fine, adj, push = lax.cond(back, step_back, move_forward, small)
+        # push the new checkpoint (an out-of-range index writes nothing)
+        idx = jnp.where(push, c["height"], slots)
+        buf = jax.tree.map(lambda b, xi: b.at[idx].set(xi, mode="drop"), c["buf"], x)
+        pos = c["pos"].at[idx].set(cur, mode="drop")
+        height = c["height"] + push.astype(jnp.int32)
+        # after a reverse step: drop the checkpoint at `fine`, restore from the top one
+        drop = back & (pos[height - 1] >= fine)
+        height = jnp.maximum(jnp.where(drop, height - 1, height), 1)
+        top = height - 1
+        x = jax.tree.map(lambda b, xi: jnp.where(back, b[top], xi), buf, x)
+        cur = jnp.where(back, pos[top], cur)
+        return {
+            "buf": buf,
+            "pos": pos,
+            "height": height,
+            "x": x,
+            "cur": cur,
+            "fine": fine,
+            "adj": adj,
+        }
 
     carry = lax.while_loop(lambda c: c["fine"] > 0, body, carry)
     return carry["adj"]

@@ -1,0 +1,225 @@
+"""Shared helpers for the benchmarks: interleaved median timing, compile timing, markdown tables.
+
+Every benchmark measures all of its contestants in one process, interleaved (round ``r`` times
+each contestant ``number`` calls back to back, in an order rotated every round), and reports the
+median over rounds of the time per call. Interleaving spreads slow drifts of the machine (thermal
+state, other processes) evenly over the contestants instead of penalising whoever runs last.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+
+
+def block(x: Any) -> Any:
+    """Wait for every JAX array in ``x`` (other leaves, e.g. torch tensors, are already done)."""
+    return jax.block_until_ready(x)
+
+
+@dataclass
+class Timing:
+    """Seconds per call: the median over rounds, and how many calls it is based on."""
+
+    median: float
+    samples: list[float]  # seconds per call, one per round
+    reduced: bool = False  # too slow for the full schedule: fewer rounds and/or calls
+
+    @property
+    def best(self) -> float:
+        """The fastest round: on a busy machine, the closest to the undisturbed time."""
+        return min(self.samples)
+
+
+def interleaved_medians(
+    fns: dict[str, Callable[[], Any]],
+    rounds: int,
+    number: int,
+    budget_s: float | None = None,
+) -> dict[str, Timing]:
+    """Median seconds per call of each ``fns[name]()``, measured interleaved.
+
+    Each call is waited for (:func:`block`) before the next starts, as a user would. One call of
+    each is made first as a warm-up. ``budget_s`` bounds the time one contestant may take: one
+    whose warm-up call shows it would exceed it makes one call per round in the first rounds
+    only, or, when even that does not fit, its warm-up call is its only sample. So a
+    pathologically slow case still gets a number without stalling the whole benchmark; the
+    result says ``reduced``.
+    """
+    names = list(fns)
+    plan: dict[str, tuple[int, int]] = {}  # name -> (rounds it takes part in, calls per round)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for name in names:
+        t0 = time.perf_counter()
+        block(fns[name]())
+        warm = time.perf_counter() - t0
+        if budget_s is None or warm * rounds * number <= budget_s:
+            plan[name] = (rounds, number)
+        elif warm >= budget_s / 2:  # no room for more: the warm-up call is the one sample
+            plan[name] = (0, 0)
+            samples[name].append(warm)
+        else:
+            plan[name] = (max(1, min(rounds, int(budget_s / warm))), 1)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                n_rounds, calls = plan[name]
+                if r >= n_rounds:
+                    continue
+                fn = fns[name]
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    block(fn())
+                samples[name].append((time.perf_counter() - t0) / calls)
+            gc.collect()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    out = {}
+    for name in names:
+        n_rounds, calls = plan[name]
+        out[name] = Timing(
+            statistics.median(samples[name]),
+            samples[name],
+            reduced=(n_rounds, calls) != (rounds, number),
+        )
+    return out
+
+
+@dataclass
+class Compiled:
+    """An AOT-compiled function, with the median seconds taken to trace+lower and to compile."""
+
+    fn: Any  # jax.stages.Compiled
+    lower_s: float
+    compile_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.lower_s + self.compile_s
+
+    def temp_bytes(self) -> int | None:
+        """XLA's temporary-buffer size for one call (``memory_analysis().temp_size_in_bytes``)."""
+        try:
+            stats = self.fn.memory_analysis()
+        except Exception:  # not every backend reports it
+            return None
+        return None if stats is None else int(stats.temp_size_in_bytes)
+
+
+def compile_timed(make: Callable[[], Callable], args: Sequence[Any], reps: int = 1) -> Compiled:
+    """``jax.jit(make()).lower(*args).compile()``, timed cold ``reps`` times (median).
+
+    ``make`` must build a fresh Python function each time, and JAX's in-memory caches are
+    cleared before each repetition, so every repetition pays the full tracing, lowering and XLA
+    compilation a user pays on first call (the persistent compilation cache is not used unless
+    the environment enables it).
+    """
+    lower_s, compile_s, compiled = [], [], None
+    for _ in range(max(1, reps)):
+        jax.clear_caches()
+        fn = make()
+        t0 = time.perf_counter()
+        lowered = jax.jit(fn).lower(*args)
+        t1 = time.perf_counter()
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        lower_s.append(t1 - t0)
+        compile_s.append(t2 - t1)
+    return Compiled(compiled, statistics.median(lower_s), statistics.median(compile_s))
+
+
+def warm_up_jax() -> None:
+    """Pay JAX's one-time start-up costs (backend, first compile) outside any measurement."""
+    block(jax.jit(lambda x: x + 1)(1.0))
+
+
+# --- formatting -----------------------------------------------------------------------------
+
+
+def fmt_time(seconds: float | None) -> str:
+    """Seconds in s, ms or µs, three significant digits."""
+    if seconds is None:
+        return "n/a"
+    if seconds >= 1:
+        return f"{seconds:.3g} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} µs"
+
+
+def fmt_timing(t: Timing | None) -> str:
+    """``median (min)``, with ``*`` when measured on a reduced schedule."""
+    if t is None:
+        return "n/a"
+    mark = "*" if t.reduced else ""
+    return f"{fmt_time(t.median)} ({fmt_time(t.best)}){mark}"
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds:.2f}"
+
+
+def fmt_compile(c: Compiled | None) -> str:
+    """``total (trace+lower part)`` in seconds."""
+    return "n/a" if c is None else f"{c.total_s:.2f} ({c.lower_s:.2f})"
+
+
+def fmt_ratio(value: float | None, ref: float | None) -> str:
+    if value is None or ref is None or ref <= 0:
+        return "n/a"
+    return f"{value / ref:.2f}x"
+
+
+def fmt_bytes(nbytes: int | None) -> str:
+    return "n/a" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
+
+
+def fmt_diff(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2e}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; the first column left-aligned, the others right-aligned."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(row):
+        parts = [
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        return "| " + " | ".join(parts) + " |"
+
+    sep = "|" + "|".join(
+        (":" + "-" * (w + 1)) if i == 0 else ("-" * (w + 1) + ":") for i, w in enumerate(widths)
+    )
+    return "\n".join([line(cells[0]), sep + "|", *(line(r) for r in cells[1:])])
+
+
+def load_average() -> str:
+    try:
+        return "load average " + ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "load average n/a"
+
+
+def environment() -> str:
+    """One line naming the software and machine (and how busy it is), to print above tables."""
+    dev = jax.devices()[0]
+    return (
+        f"jax {jax.__version__} ({dev.platform}, {dev.device_kind}), python "
+        f"{platform.python_version()}, {os.cpu_count()} CPU cores, x64="
+        f"{jax.config.jax_enable_x64}, {load_average()}"
+    )

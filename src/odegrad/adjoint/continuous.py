@@ -1,0 +1,534 @@
+"""Continuous adjoints ("optimise-then-discretise"): the adjoint ODE integrated backwards.
+
+For ``dy/dt = f(t, y, p)`` and a loss of saved values, the adjoint ``a = dL/dy`` obeys
+``da/dt = -(df/dy)^T a`` between save times and jumps by each saved value's cotangent at its time;
+``dL/dp = int a^T (df/dp) dt`` and ``dL/dy0 = a(t0)`` (Pontryagin; Chen et al., NeurIPS 2018).
+The methods differ only in where the backward pass gets ``y(t)`` and how it integrates ``dL/dp``:
+
+* :class:`Interpolating` — from the forward dense output; with ``checkpoints=c`` the forward keeps
+  nothing but step sizes, and the backward pass re-solves ``c`` segments from ``c`` states;
+* :class:`Quadrature` — like Interpolating, but ``dL/dp`` is a Gauss–Legendre quadrature on each
+  backward step, so the backward ODE carries only ``a`` (the "Gauss adjoint");
+* :class:`Backsolve` — ``y`` re-integrated backwards together with ``a``; O(1) memory but unstable
+  on dissipative problems, so the re-integrated state is reset to, and checked against, the stored
+  forward state at every save time.
+
+All times inside are forward time ``p = s t`` (``s = -1`` for backward solves). The backward solve
+stops at every save time (the adjoint jumps there), at every grid point for fixed grids, and at
+checkpoint-segment ends. Backward error control leaves ``dL/dp`` out of the norm (the seminorm of
+Kidger, Chen and Lyons, "Hey, that's not an ODE", ICML 2021).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._loop import LoopOutput, SavePlan, _fill, _set_row, dense_evaluate, while_loop
+from .._step import AbstractStep, Adaptive
+from .._tree import rms_error_ratio, tree_add, tree_scale, tree_zeros_like
+from .base import AbstractAdjoint, Problem
+
+#: Backsolve flags the reverse pass when the re-integrated state is off by more than this many
+#: forward tolerances at a save time.
+DRIFT_LIMIT = 1e6
+
+
+def gauss_legendre(n: int):
+    """Nodes and weights of ``n``-point Gauss–Legendre quadrature on ``[0, 1]`` (exact to degree
+    ``2n - 1``; numpy's ``leggauss`` mapped from ``[-1, 1]``)."""
+    x, w = np.polynomial.legendre.leggauss(n)
+    return tuple(0.5 * (x + 1)), tuple(0.5 * w)
+
+
+@dataclass(frozen=True)
+class _Seminorm:
+    """An :class:`~odegrad.Adaptive` controller whose error norm sees only the adjoint part."""
+
+    base: Adaptive
+    pick: Callable
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def error_ratio(self, err, y0, y1):
+        return self.base.error_ratio(self.pick(err), self.pick(y0), self.pick(y1))
+
+
+@dataclass(frozen=True)
+class _Continuous(AbstractAdjoint):
+    """The shared mechanism of the continuous adjoints; see the module docstring."""
+
+    vjp: Callable | None = None
+    solver: Any = None
+    step: AbstractStep | None = None
+
+    source = "dense"  # where y(t) comes from: "dense", "segments" or "backsolve"
+    quadrature = False  # dL/dp by quadrature on each backward step instead of as a state
+
+    def _segments(self) -> int | None:
+        return None
+
+    # -- forward ----------------------------------------------------------------------------------
+    def run(self, problem: Problem) -> LoopOutput:
+        if self.vjp is not None and problem.solver.partitioned:
+            raise ValueError(
+                f"{type(self).__name__}(vjp=...) is for a single f(t, y, args); partitioned "
+                "solvers use the default jax.vjp."
+            )
+        plan = problem.plan
+        fwd_plan = replace(plan, dense=plan.dense or self.source == "dense")
+        if self.source == "backsolve":
+            fwd_plan = replace(fwd_plan, fn=lambda t, y, a: (plan.fn(t, y, a), y))
+        fwd_problem = replace(problem, plan=fwd_plan)
+
+        def split(out: LoopOutput):
+            keep = {"dense": out.dense, "t1": out.t1, "y1": out.y1, "ts_y": None, "steps_y": None}
+            if self.source == "backsolve":
+                if out.ts_ys is not None:
+                    keep["ts_y"] = out.ts_ys[1]
+                    out = out._replace(ts_ys=out.ts_ys[0])
+                if out.steps_ys is not None:
+                    keep["steps_y"] = out.steps_ys[1]
+                    out = out._replace(steps_ys=out.steps_ys[0])
+            if not plan.dense:
+                out = out._replace(dense=None)
+            keep.update(out.record)
+            return out._replace(record={}), keep
+
+        def forward(y0, args_diff):
+            return fwd_problem.forward(y0, problem.with_args(args_diff), record="times")
+
+        @jax.custom_vjp
+        def solve(y0, args_diff):
+            return split(forward(y0, args_diff))[0]
+
+        def solve_fwd(y0, args_diff):
+            out, keep = split(forward(y0, args_diff))
+            return out, (y0, args_diff, keep)
+
+        def solve_bwd(res, ct: LoopOutput):
+            return self._backward(problem, *res, ct)
+
+        solve.defvjp(solve_fwd, solve_bwd)
+        return solve(problem.y0, problem.args_diff)
+
+    # -- the right-hand side's VJP: jax.vjp of f, or the user's ---------------------------------
+    def _rhs_and_vjp(self, problem: Problem):
+        f = problem.f
+        if problem.solver.partitioned:
+            f_u, f_v = f
+            f = lambda t, y, a: (f_u(t, y[1], a), f_v(t, y[0], a))
+        if self.vjp is None:
+
+            def vjp(t, y, args_diff, ct):
+                _, pull = jax.vjp(lambda y_, a_: f(t, y_, problem.with_args(a_)), y, args_diff)
+                return pull(ct)
+
+            return f, vjp
+        if any(isinstance(c, jax.core.Tracer) for c in jax.tree.leaves(problem.args[1:])):
+            raise ValueError(
+                f"{type(self).__name__}(vjp=...): f (or SaveAt.fn) closes over arrays; pass them "
+                "through args so that the vjp can return their cotangent."
+            )
+        user_vjp = self.vjp
+
+        def vjp(t, y, args_diff, ct):
+            user_args = problem.with_args(args_diff)[0]
+            ct_y, ct_user = user_vjp(t, y, user_args, ct)
+            # place the cotangent of the user's args on our differentiable leaves
+            _, pull = jax.vjp(lambda a_: problem.with_args(a_)[0], args_diff)
+            (ct_args,) = pull(ct_user)
+            return ct_y, ct_args
+
+        return f, vjp
+
+    # -- the backward pass ------------------------------------------------------------------------
+    def _backward(self, problem: Problem, y0, args_diff, keep, ct: LoopOutput):
+        plan, s = problem.plan, problem.direction
+        if plan.dense:
+            warnings.warn(
+                f"{type(self).__name__} does not propagate cotangents of the dense output "
+                "(sol.evaluate); use og.Discrete() to differentiate through sol.evaluate.",
+                stacklevel=2,
+            )
+        f, vjp = self._rhs_and_vjp(problem)
+        solver_b = problem.solver if self.solver is None else self.solver
+        if solver_b.partitioned:  # the backward state is not a (u, v) pair
+            solver_b = _default_explicit(problem)
+        control = self._backward_control(problem)
+        points, labels, count = self._breakpoints(problem, keep)
+        segments = self._segment_plan(problem, y0, args_diff, keep)
+        tdtype = points.dtype
+
+        def y_from_source(c, p):
+            if self.source == "backsolve":
+                return c["y"]
+            dense = keep["dense"] if segments is None else c["local"]
+            return dense_evaluate(problem.solver, dense, p)
+
+        def rhs_for(c):
+            """d(state)/dp for the backward state z = (a, g[, y]) in forward time p."""
+
+            def rhs(p, z, a_diff):
+                y = z["y"] if self.source == "backsolve" else y_from_source(c, p)
+                cy, ca = vjp(s * p, y, a_diff, z["a"])
+                out = {"a": tree_scale(-s, cy)}
+                if not self.quadrature:
+                    out["g"] = tree_scale(-s, ca)
+                if self.source == "backsolve":
+                    out["y"] = tree_scale(s, f(s * p, y, problem.with_args(a_diff)))
+                return out
+
+            return rhs
+
+        def quadrature_for(c):
+            nodes, weights = gauss_legendre(max(1, -(-(solver_b.order + 1) // 2)))
+
+            def accumulate(t, dt, dense, a_diff):
+                total = tree_zeros_like(args_diff)
+                for x, w in zip(nodes, weights, strict=True):
+                    z = solver_b.interpolate(dense, x)
+                    p = t + x * dt  # the backward loop runs in forward time p
+                    _, ca = vjp(s * p, y_from_source(c, p), a_diff, z["a"])
+                    total = tree_add(total, tree_scale(-s * w * dt, ca))
+                return total
+
+            return accumulate
+
+        def jump(i, c):
+            """At breakpoint i: reset y (Backsolve), then add the saved value's cotangent."""
+            label = labels[i]
+            p = points[i]
+            if self.source == "backsolve":
+                c = self._reset(c, i, label, p, count, problem, y0, keep)
+            if plan.ts is None and not plan.steps:
+                return c
+            rows = ct.ts_ys if plan.ts is not None else ct.steps_ys
+            y = y_from_source(c, p)
+            row = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], rows)
+            _, pull = jax.vjp(lambda y_, a_: plan.fn(p, y_, problem.with_args(a_)), y, args_diff)
+            cy, ca = pull(row)
+            w = (label >= 0).astype(tdtype)
+            return {
+                **c,
+                "a": tree_add(c["a"], tree_scale(w, cy)),
+                "g": tree_add(c["g"], tree_scale(w, ca)),
+            }
+
+        def integrate(c, hi, lo):
+            z = {"a": c["a"]}
+            if not self.quadrature:
+                z["g"] = c["g"]
+            if self.source == "backsolve":
+                z["y"] = c["y"]
+            rhs = rhs_for(c)
+            acc = quadrature_for(c) if self.quadrature else None
+            if isinstance(control, Adaptive | _Seminorm):
+                out = while_loop(
+                    solver_b,
+                    control,
+                    rhs,
+                    args_diff,
+                    -hi,
+                    -lo,
+                    z,
+                    SavePlan(fn=lambda t, y, a: y, accumulate=acc),
+                    problem.max_steps,
+                    "none",
+                    -1.0,
+                )
+                z1, quad = out.y1, out.accumulated
+            else:  # fixed grids: one backward step per forward step
+                res = solver_b.step(
+                    rhs, hi, lo - hi, z, args_diff, solver_b.init(rhs, hi, z, args_diff)
+                )
+                z1 = res.y1
+                quad = None if acc is None else acc(hi, lo - hi, res.dense, args_diff)
+            c = {**c, "a": z1["a"]}
+            c["g"] = tree_add(c["g"], quad) if self.quadrature else z1["g"]
+            if self.source == "backsolve":
+                c["y"] = z1["y"]
+            return c
+
+        def interval(k, c):
+            i = count - 1 - k
+            hi, lo = points[i], points[i - 1]
+            if segments is not None:
+                c = segments.ensure(c, 0.5 * (hi + lo))
+            c = jump(i, c)
+            return lax.cond(hi > lo, lambda c_: integrate(c_, hi, lo), lambda c_: c_, c)
+
+        carry = {"a": ct.y1, "g": tree_zeros_like(args_diff), "drift": jnp.zeros((), tdtype)}
+        if self.source == "backsolve":
+            carry["y"] = keep["y1"]
+        if segments is not None:
+            carry.update(segments.init_carry())
+        carry = lax.fori_loop(0, count - 1, interval, carry)
+        carry = jump(0, carry)
+        if self.source == "backsolve":
+            _report_drift(carry["drift"], self.on_drift)
+        return carry["a"], carry["g"]
+
+    # -- pieces the subclasses change --------------------------------------------------------------
+    def _breakpoints(self, problem: Problem, keep):
+        """Times where the backward solve stops (ascending forward time), the save index at each
+        (-1: none), and how many there are."""
+        plan = problem.plan
+        extra = self._extra_breakpoints(problem, keep)
+        if problem.grid is not None:
+            base = problem.grid
+            lab = (jnp.arange(base.shape[0]) - 1) if plan.steps else jnp.full(base.shape, -1)
+        elif plan.steps or not isinstance(problem.control, Adaptive):
+            # every recorded step end (a runtime fixed grid, or saves at every step)
+            base = keep["starts"]
+            lab = jnp.arange(base.shape[0]) - 1 if plan.steps else jnp.full(base.shape, -1)
+        else:
+            base = jnp.stack([problem.tau0, keep["t1"]])
+            lab = jnp.array([-1, -1])
+        pieces = [(base, lab)]
+        if plan.ts is not None:
+            pieces.append((plan.ts, jnp.arange(plan.ts.shape[0])))
+        if extra is not None:
+            pieces.append((extra, jnp.full(extra.shape, -1)))
+        padded = problem.grid is None and (plan.steps or not isinstance(problem.control, Adaptive))
+        if len(pieces) == 1 and not padded:
+            return base, lab, base.shape[0]
+        if padded:
+            # padded step buffer: push the unused (inf) entries to the end
+            n = keep["n"] + 1
+            base = jnp.where(jnp.arange(base.shape[0]) < n, base, jnp.inf)
+        pts = jnp.concatenate([p for p, _ in pieces])
+        labs = jnp.concatenate([lb for _, lb in pieces])
+        order = jnp.argsort(pts, stable=True)
+        count = pts.shape[0]
+        if padded:
+            count = jnp.sum(jnp.isfinite(pts))
+        return pts[order], labs[order], count
+
+    def _extra_breakpoints(self, problem, keep):
+        return None
+
+    def _segment_plan(self, problem, y0, args_diff, keep):
+        return None
+
+    def _backward_control(self, problem: Problem):
+        base = self.step
+        if base is None:
+            base = problem.control if problem.grid is None else "grid"
+        if hasattr(base, "n"):  # a runtime fixed grid: take adaptive-free single steps
+            base = "grid"
+        if isinstance(base, Adaptive):
+            return _Seminorm(base, lambda z: {k: v for k, v in z.items() if k != "g"})
+        return base
+
+    on_drift = "raise"
+
+
+def _default_explicit(problem):
+    from ..solvers.explicit_rk import Tsit5
+
+    return Tsit5()
+
+
+def _report_drift(drift, on_drift: str):
+    def check(d):
+        d = float(np.max(np.asarray(d)))
+        if d > DRIFT_LIMIT:
+            msg = (
+                f"og.Backsolve: the state re-integrated backwards drifted from the forward "
+                f"solution by {d:.3g} tolerances at a save time, so its gradient is not "
+                "trustworthy; the problem is unstable in reverse time (dissipative or stiff). "
+                "Use adjoint=og.Interpolating() (or og.Discrete())."
+            )
+            if on_drift == "raise":
+                raise RuntimeError(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+
+    jax.debug.callback(check, drift)
+
+
+@dataclass(frozen=True)
+class Interpolating(_Continuous):
+    """Continuous adjoint on the forward dense output — the robust continuous choice.
+
+    Args:
+        checkpoints: ``None`` keeps the dense output of every forward step. An int ``c`` keeps
+            only the step sizes in the forward pass; the backward pass replays the steps once to
+            take ``c`` states and then re-solves one segment at a time, holding one segment's
+            dense output: memory ``c`` states plus ``ceil(steps / c)`` steps.
+        vjp: ``vjp(t, y, args, cotangent) -> (ct_y, ct_args)``; default ``jax.vjp`` of ``f``.
+        solver, step: for the backward solve; default the forward ones.
+
+    Example:
+        >>> jax.grad(loss)(params)   # loss calls og.solve(..., adjoint=og.Interpolating())
+    """
+
+    checkpoints: int | None = None
+
+    def __post_init__(self):
+        if self.checkpoints is not None and not (
+            isinstance(self.checkpoints, int) and self.checkpoints >= 1
+        ):
+            raise ValueError(
+                f"Interpolating(checkpoints={self.checkpoints!r}): use None or a positive int."
+            )
+
+    @property
+    def source(self):  # type: ignore[override]
+        return "dense" if self.checkpoints is None else "segments"
+
+    def _extra_breakpoints(self, problem, keep):
+        if self.checkpoints is None:
+            return None
+        return _SegmentReplay(self, problem, None, None, keep).bounds()
+
+    def _segment_plan(self, problem, y0, args_diff, keep):
+        if self.checkpoints is None:
+            return None
+        return _SegmentReplay(self, problem, y0, args_diff, keep)
+
+
+@dataclass(frozen=True)
+class Quadrature(Interpolating):
+    """Adjoint ODE for the state only; ``dL/dp`` by Gauss–Legendre quadrature on every backward
+    step (with ``ceil((order + 1) / 2)`` nodes), reading ``y`` and ``a`` from the two dense
+    outputs. No parameter-sized state is integrated, so it suits many parameters.
+
+    Example:
+        >>> og.solve(f, y0, (0.0, 1.0), params, adjoint=og.Quadrature())
+    """
+
+    quadrature = True
+
+
+@dataclass(frozen=True)
+class Backsolve(_Continuous):
+    """Continuous adjoint that re-integrates the state backwards with the adjoint: O(1) memory.
+
+    At every save time the re-integrated state is compared with the stored forward state and
+    reset to it. If it drifted by more than ``DRIFT_LIMIT`` tolerances — the signature of a
+    problem that is unstable backwards (diffusion, damping, stiffness) — the reverse pass raises
+    (``on_drift="raise"``, default) or warns (``"warn"``) and recommends ``og.Interpolating()``.
+
+    Example:
+        >>> og.solve(f, y0, (0.0, 1.0), params, adjoint=og.Backsolve())
+    """
+
+    on_drift: str = "raise"
+    source = "backsolve"
+
+    def __post_init__(self):
+        if self.on_drift not in ("raise", "warn"):
+            raise ValueError(f"Backsolve(on_drift={self.on_drift!r}): use 'raise' or 'warn'.")
+
+    def _reset(self, c, i, label, p, count, problem, y0, keep):
+        plan = problem.plan
+        stored, has = None, None
+        if plan.ts is not None and keep["ts_y"] is not None:
+            stored = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], keep["ts_y"])
+            has = label >= 0
+        elif plan.steps and keep["steps_y"] is not None:
+            stored = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], keep["steps_y"])
+            has = label >= 0
+        if stored is None:
+            return c
+        ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
+        ratio = rms_error_ratio(
+            jax.tree.map(jnp.subtract, c["y"], stored), stored, stored, ctrl.rtol, ctrl.atol
+        )
+        ratio = jnp.where(jnp.isfinite(ratio), ratio, jnp.inf)
+        drift = jnp.where(has, jnp.maximum(c["drift"], ratio), c["drift"])
+        y = jax.tree.map(lambda a, b: jnp.where(has, b, a), c["y"], stored)
+        return {**c, "y": y, "drift": drift}
+
+
+class _SegmentReplay:
+    """Interpolating(checkpoints=c): replay the recorded steps, keep c states, re-solve segments.
+
+    Segment ``j`` covers steps ``[j L, (j + 1) L)`` with ``L = ceil(n / c)``; its dense output is
+    rebuilt (``L`` rows) when the backward pass enters it.
+    """
+
+    def __init__(self, adj, problem: Problem, y0, args_diff, keep):
+        self.c = adj.checkpoints
+        self.problem, self.y0, self.args_diff, self.keep = problem, y0, args_diff, keep
+        if problem.grid is not None:
+            self.starts = problem.grid
+            self.sizes = problem.grid[1:] - problem.grid[:-1]
+            self.n = problem.grid.shape[0] - 1
+            bound = self.n
+        else:
+            self.starts, self.sizes, self.n = keep["starts"], keep["sizes"], keep["n"]
+            bound = problem.max_steps
+        self.rows = -(-bound // self.c)
+        self.length = jnp.maximum(1, -(-jnp.asarray(self.n) // self.c))
+
+    def bounds(self):
+        """Forward times of the segment ends (breakpoints of the backward solve)."""
+        idx = jnp.minimum(jnp.arange(1, self.c) * self.length, self.n)
+        return self.starts[idx]
+
+    def _step(self, k, y, st):
+        pr = self.problem
+        return pr.step(self.starts[k], self.sizes[k], y, pr.with_args(self.args_diff), st)
+
+    def init_carry(self):
+        pr = self.problem
+        st0 = pr.init_state(self.y0, pr.with_args(self.args_diff))
+        ck = _fill((self.y0, st0), self.c, 0.0)
+
+        def body(k, c):
+            y, st, buf = c
+            slot = jnp.where(k % self.length == 0, k // self.length, self.c)
+            buf = _set_row(buf, slot, (y, st))
+            res = self._step(k, y, st)
+            return res.y1, res.state, buf
+
+        _, _, ck = lax.fori_loop(0, self.n, body, (self.y0, st0, ck))
+        dense_row = jax.eval_shape(lambda: self._step(0, self.y0, st0).dense)
+        local = (
+            jnp.full((self.rows,), jnp.inf, self.starts.dtype),
+            jnp.ones((self.rows,), self.starts.dtype),
+            _fill(dense_row, self.rows, 0.0),
+            jnp.asarray(1),
+        )
+        return {"checkpoints": ck, "segment": jnp.asarray(-1), "local": local}
+
+    def ensure(self, c, p):
+        """Rebuild the dense output of the segment containing forward time ``p`` if needed."""
+        k = jnp.clip(jnp.searchsorted(self.starts, p, side="right") - 1, 0, self.n - 1)
+        seg = k // self.length
+
+        def rebuild(c):
+            y, st = jax.tree.map(lambda b: b[seg], c["checkpoints"])
+            first = seg * self.length
+            last = jnp.minimum(first + self.length, self.n)
+            starts, sizes, data, _ = c["local"]
+
+            def body(i, carry):
+                y, st, starts, sizes, data = carry
+                k = first + i
+                res = self._step(k, y, st)
+                return (
+                    res.y1,
+                    res.state,
+                    starts.at[i].set(self.starts[k]),
+                    sizes.at[i].set(self.sizes[k]),
+                    _set_row(data, i, res.dense),
+                )
+
+            starts = jnp.full_like(starts, jnp.inf)
+            _, _, starts, sizes, data = lax.fori_loop(
+                0, last - first, body, (y, st, starts, sizes, data)
+            )
+            return {**c, "segment": seg, "local": (starts, sizes, data, last - first)}
+
+        return lax.cond(seg != c["segment"], rebuild, lambda c: c, c)

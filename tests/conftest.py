@@ -1,0 +1,51 @@
+"""Shared test set-up: float64 by default, and a few small problems with exact solutions.
+
+Float32 tests build float32 arrays explicitly (with x64 on, ``jnp.float32`` arrays stay float32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from scipy.linalg import expm  # noqa: E402
+
+
+@dataclass(frozen=True)
+class LinearProblem:
+    """``y' = A y``, ``y(0) = y0``: the exact solution is ``expm(A t) y0`` at any ``t``."""
+
+    a: np.ndarray
+    y0: np.ndarray
+
+    def f(self, t, y, a):
+        return a @ y
+
+    def exact(self, ts) -> np.ndarray:
+        """The exact state at each time of ``ts`` (shape ``(len(ts), n)``), or at a scalar ``t``."""
+        ts_arr = np.asarray(ts, dtype=np.float64)
+        rows = np.stack([expm(self.a * t) @ self.y0 for t in ts_arr.reshape(-1)])
+        return rows.reshape(*ts_arr.shape, -1)
+
+
+# A lightly damped rotation plus a decaying mode: oscillatory, non-normal, eigenvalues
+# -0.4 +- 2i and -0.8 (approximately), so nothing is trivially exact for a polynomial method.
+LINEAR_A = np.array([[-0.5, 2.0, 0.0], [-2.0, -0.3, 0.2], [0.1, 0.0, -0.8]])
+LINEAR_Y0 = np.array([1.0, -0.5, 0.25])
+
+
+@pytest.fixture(scope="session")
+def linear() -> LinearProblem:
+    return LinearProblem(LINEAR_A, LINEAR_Y0)
+
+
+@pytest.fixture(scope="session")
+def linear_args():
+    """``(y0, A)`` of :func:`linear` as float64 JAX arrays."""
+    return jnp.asarray(LINEAR_Y0), jnp.asarray(LINEAR_A)

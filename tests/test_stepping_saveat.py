@@ -1,0 +1,359 @@
+"""Step grids (Fixed, StepTo), what SaveAt stores and where, and how failures are reported.
+
+Values are checked against hand-written NumPy steppers on the same grid (Euler, RK4), against
+``expm`` for linear problems, or against a second solve that differs only in what it saves.
+Calls that must take the static-count (``lax.scan``) path run eagerly: with concrete ``t_span``
+and ``dt``; adaptive solves are jitted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import odegrad as og
+
+TOL = 1e-9
+
+
+def max_abs(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def nonlin(t, y, args):
+    """A non-autonomous nonlinear right-hand side, the same in JAX and NumPy."""
+    xp = jnp if isinstance(y, jax.Array) else np
+    return xp.cos(t) * y - 0.3 * y**2
+
+
+Y0 = np.array([0.5, -0.2, 1.0])
+
+
+def numpy_euler(f, ts, y0):
+    ys, y = [], np.asarray(y0, np.float64)
+    for t0, t1 in itertools.pairwise(ts):
+        y = y + (t1 - t0) * f(t0, y, None)
+        ys.append(y)
+    return np.stack(ys)
+
+
+def numpy_rk4(f, ts, y0):
+    ys, y = [], np.asarray(y0, np.float64)
+    for t0, t1 in itertools.pairwise(ts):
+        h = t1 - t0
+        k1 = f(t0, y, None)
+        k2 = f(t0 + h / 2, y + h / 2 * k1, None)
+        k3 = f(t0 + h / 2, y + h / 2 * k2, None)
+        k4 = f(t0 + h, y + h * k3, None)
+        y = y + h * (k1 / 6 + k2 / 3 + k3 / 3 + k4 / 6)
+        ys.append(y)
+    return np.stack(ys)
+
+
+# --------------------------------------------------------------------------------------------
+# step grids
+
+
+@pytest.mark.parametrize(
+    "t0, t1, dt, n",
+    [
+        (0.0, 1.0, 0.1, 10),
+        (0.0, 1.0, 0.3, 3),  # 3.33 -> 3 steps of 1/3
+        (0.0, 1.0, 0.28, 4),  # 3.57 -> 4 steps of 1/4
+        (0.0, 1.0, 0.7, 1),  # 1.43 -> 1 step
+        (2.0, -1.0, 0.25, 12),  # backwards
+    ],
+)
+def test_fixed_step_count_and_grid(t0, t1, dt, n):
+    """Exactly round(|t1 - t0| / dt) equal steps, the last landing on t1 exactly; rows equal a
+    hand-written Euler loop on that grid."""
+    sol = og.solve(
+        nonlin,
+        jnp.asarray(Y0),
+        (t0, t1),
+        solver=og.Euler(),
+        step=og.Fixed(dt),
+        saveat=og.SaveAt(steps=True),
+    )
+    grid = np.linspace(t0, t1, n + 1)
+    assert sol.ts.shape == (n,) and sol.ys.shape == (n, 3)
+    assert float(sol.ts[-1]) == t1
+    np.testing.assert_allclose(np.asarray(sol.ts), grid[1:], rtol=0, atol=1e-15)
+    assert max_abs(sol.ys, numpy_euler(nonlin, grid, Y0)) < 1e-14
+    stats = {k: int(v) for k, v in sol.stats.items()}
+    assert stats["steps"] == stats["accepted"] == n and stats["rejected"] == 0
+
+
+def test_step_to_grid():
+    """StepTo steps exactly from one given time to the next (non-uniform, forwards and
+    backwards), with the RK4 values of a hand-written loop on that grid."""
+    for ts in (
+        np.array([0.0, 0.1, 0.15, 0.4, 0.8, 1.0]),
+        np.array([1.0, 0.7, 0.65, 0.2, 0.0]),
+    ):
+        sol = og.solve(
+            nonlin,
+            jnp.asarray(Y0),
+            (float(ts[0]), float(ts[-1])),
+            solver=og.RK4(),
+            step=og.StepTo(jnp.asarray(ts)),
+            saveat=og.SaveAt(steps=True),
+        )
+        np.testing.assert_array_equal(np.asarray(sol.ts), ts[1:])
+        assert max_abs(sol.ys, numpy_rk4(nonlin, ts, Y0)) < 1e-14
+        assert int(sol.stats["steps"]) == len(ts) - 1
+
+
+def test_step_to_traced_grid_reuses_compilation():
+    """A jitted solve over a traced StepTo grid: one compile, any grid of the same length."""
+    traces = []
+
+    @jax.jit
+    def run(ts):
+        traces.append(1)
+        return og.solve(
+            nonlin, jnp.asarray(Y0), (0.0, 1.0), solver=og.RK4(), step=og.StepTo(ts)
+        ).ys[-1]
+
+    for ts in (np.linspace(0.0, 1.0, 6), np.array([0.0, 0.05, 0.3, 0.31, 0.9, 1.0])):
+        assert max_abs(run(jnp.asarray(ts)), numpy_rk4(nonlin, ts, Y0)[-1]) < 1e-14
+    assert len(traces) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# SaveAt layout and values
+
+
+def test_saveat_t0_ts_t1_layout(linear, linear_args):
+    """Rows in the order t0, ts..., t1, with the states there (adaptive, tol 1e-9)."""
+    ts = jnp.array([0.25, 0.5, 1.7])
+    sol = jax.jit(
+        lambda y, a: og.solve(
+            linear.f,
+            y,
+            (0.0, 2.0),
+            a,
+            step=og.Adaptive(rtol=TOL, atol=TOL),
+            saveat=og.SaveAt(t0=True, ts=ts, t1=True),
+        )
+    )(*linear_args)
+    np.testing.assert_array_equal(np.asarray(sol.ts), [0.0, 0.25, 0.5, 1.7, 2.0])
+    assert sol.ys.shape == (5, 3)
+    assert max_abs(sol.ys[0], linear.y0) == 0.0
+    assert max_abs(sol.ys, linear.exact(np.asarray(sol.ts))) < 10 * TOL
+
+
+def test_saveat_t0_steps_t1_layout():
+    """Fixed steps with t0, steps and t1: 1 + N + 1 rows (the t1 row repeats the last step)."""
+    sol = og.solve(
+        nonlin,
+        jnp.asarray(Y0),
+        (0.0, 1.0),
+        solver=og.RK4(),
+        step=og.Fixed(0.125),
+        saveat=og.SaveAt(t0=True, steps=True, t1=True),
+    )
+    grid = np.linspace(0.0, 1.0, 9)
+    np.testing.assert_allclose(np.asarray(sol.ts), [*grid, 1.0], rtol=0, atol=1e-15)
+    want = np.concatenate([Y0[None], numpy_rk4(nonlin, grid, Y0), numpy_rk4(nonlin, grid, Y0)[-1:]])
+    assert sol.ys.shape == (10, 3)
+    assert max_abs(sol.ys, want) < 1e-14
+
+
+def fn_pytree(t, y, args):
+    """A nonlinear function of (t, y, args), returning a pytree of a different structure."""
+    return {"t": t, "q": args["w"] * jnp.sum(y**2), "y0sq": y[0] ** 2}
+
+
+FN_ARGS = {
+    "w": jnp.asarray(0.5),
+    "a": jnp.asarray([[-0.5, 2.0, 0.0], [-2.0, -0.3, 0.2], [0.1, 0.0, -0.8]]),
+}
+
+
+def lin_args_f(t, y, args):
+    return args["a"] @ y
+
+
+@pytest.mark.parametrize("kind", ["ts", "steps_fixed", "adaptive_steps"])
+def test_fn_applied_before_storing(kind):
+    """SaveAt(fn=...) stores fn(t, y, args) of the state the plain solve stores (for ts: of the
+    interpolated state, not an interpolation of fn), with t the save time; including t0/t1."""
+    y0 = jnp.asarray(Y0)
+    if kind == "ts":
+        step, extra = og.Adaptive(rtol=1e-8, atol=1e-8), {"ts": jnp.array([0.3, 1.1, 1.9])}
+    elif kind == "steps_fixed":
+        step, extra = og.Fixed(0.25), {"steps": True}
+    else:
+        step, extra = og.Adaptive(rtol=1e-6, atol=1e-6), {"steps": True}
+
+    def run(fn):
+        return og.solve(
+            lin_args_f,
+            y0,
+            (0.0, 2.0),
+            FN_ARGS,
+            step=step,
+            saveat=og.SaveAt(t0=True, t1=True, fn=fn, **extra),
+            max_steps=64,
+        )
+
+    if kind == "steps_fixed":  # eager: the scan path
+        plain, mapped = run(None), run(fn_pytree)
+    else:
+        plain, mapped = jax.jit(lambda: (run(None), run(fn_pytree)))()
+    np.testing.assert_array_equal(np.asarray(mapped.ts), np.asarray(plain.ts))
+    want = jax.vmap(fn_pytree, in_axes=(0, 0, None))(plain.ts, plain.ys, FN_ARGS)
+    assert set(mapped.ys) == {"t", "q", "y0sq"}
+    finite = np.isfinite(np.asarray(plain.ts))
+    assert finite.sum() >= 5
+    for key in ("t", "q", "y0sq"):
+        got, exp = np.asarray(mapped.ys[key])[finite], np.asarray(want[key])[finite]
+        assert max_abs(got, exp) < 1e-14, key
+    np.testing.assert_array_equal(np.asarray(mapped.ys["t"])[finite], np.asarray(plain.ts)[finite])
+
+
+def test_steps_adaptive_pads_with_inf(linear, linear_args):
+    """Adaptive steps=True: max_steps rows; the accepted steps first (increasing times, the last
+    at t1, states within tolerance of expm), then inf in times and states."""
+    sol = jax.jit(
+        lambda y, a: og.solve(
+            linear.f,
+            y,
+            (0.0, 2.0),
+            a,
+            step=og.Adaptive(rtol=1e-8, atol=1e-8),
+            saveat=og.SaveAt(steps=True),
+            max_steps=200,
+        )
+    )(*linear_args)
+    n = int(sol.stats["accepted"])
+    ts, ys = np.asarray(sol.ts), np.asarray(sol.ys)
+    assert ts.shape == (200,) and ys.shape == (200, 3)
+    assert 10 < n < 200
+    assert np.all(np.diff(ts[:n]) > 0) and ts[n - 1] == 2.0
+    assert np.all(ts[n:] == np.inf) and np.all(ys[n:] == np.inf)
+    assert max_abs(ys[:n], linear.exact(ts[:n])) < 10 * 1e-8
+
+
+@pytest.mark.xfail(
+    reason="BUG B: backward adaptive SaveAt(steps=True) pads sol.ts with -inf, not inf", strict=True
+)
+def test_steps_adaptive_backward_pads_with_inf(linear, linear_args):
+    sol = jax.jit(
+        lambda y, a: og.solve(
+            linear.f, y, (2.0, 0.0), a, saveat=og.SaveAt(steps=True), max_steps=64
+        )
+    )(*linear_args)
+    n = int(sol.stats["accepted"])
+    ts = np.asarray(sol.ts)
+    assert ts[n - 1] == 0.0 and np.all(np.diff(ts[:n]) < 0)
+    assert np.all(ts[n:] == np.inf)
+
+
+# --------------------------------------------------------------------------------------------
+# failures: max_steps, blow-up
+
+
+def test_max_steps_reached_keeps_earlier_rows(linear, linear_args):
+    """throw=False with too few steps: result max_steps_reached; what was saved before the
+    failure is kept (the same rows a long enough solve gives), the rest is inf."""
+    ts = jnp.linspace(0.0, 2.0, 21)
+
+    def run(saveat, max_steps):
+        return og.solve(
+            linear.f,
+            linear_args[0],
+            (0.0, 2.0),
+            linear_args[1],
+            step=og.Adaptive(rtol=1e-10, atol=1e-10),
+            saveat=saveat,
+            max_steps=max_steps,
+            throw=False,
+        )
+
+    short_steps, long_steps, short_ts = jax.jit(
+        lambda: (
+            run(og.SaveAt(steps=True), 12),
+            run(og.SaveAt(steps=True), 512),
+            run(og.SaveAt(ts=ts), 12),
+        )
+    )()
+    assert int(short_steps.result) == og.Result.max_steps_reached
+    assert int(short_ts.result) == og.Result.max_steps_reached
+    assert int(long_steps.result) == og.Result.success
+    assert int(short_steps.stats["steps"]) == 12
+    # the first 12 steps are the same steps whatever max_steps is
+    np.testing.assert_array_equal(np.asarray(short_steps.ts), np.asarray(long_steps.ts)[:12])
+    np.testing.assert_array_equal(np.asarray(short_steps.ys), np.asarray(long_steps.ys)[:12])
+    t_reached = float(short_steps.ts[-1])
+    assert 0.0 < t_reached < 2.0
+    ts_np, ys = np.asarray(ts), np.asarray(short_ts.ys)
+    kept = ts_np <= t_reached
+    assert 1 < kept.sum() < len(ts_np)
+    assert max_abs(ys[kept], linear.exact(ts_np[kept])) < 10 * 1e-10
+    assert np.all(ys[~kept] == np.inf)
+
+
+def test_max_steps_reached_raises(linear, linear_args):
+    with pytest.raises(RuntimeError, match=r"max_steps was reached.*raise max_steps"):
+        og.solve(
+            linear.f,
+            *linear_args[:1],
+            (0.0, 2.0),
+            linear_args[1],
+            step=og.Adaptive(rtol=1e-10, atol=1e-10),
+            max_steps=12,
+        )
+
+
+def blowup(t, y, args):
+    return y**2  # y(0) = 1: y = 1 / (1 - t), singular at t = 1
+
+
+FAIL_TIME = re.compile(r"failed at t=([-+0-9.eE]+)")
+
+
+def test_blowup_adaptive_result():
+    sol = jax.jit(lambda y: og.solve(blowup, y, (0.0, 2.0), throw=False))(jnp.asarray(1.0))
+    assert int(sol.result) in (og.Result.step_size_underflow, og.Result.nonfinite)
+
+
+def test_blowup_adaptive_raises_with_reason_and_time():
+    with pytest.raises(RuntimeError) as info:
+        og.solve(blowup, jnp.asarray(1.0), (0.0, 2.0))
+    msg = str(info.value)
+    assert "step size fell below" in msg or "non-finite" in msg
+    t = float(FAIL_TIME.search(msg).group(1))
+    assert abs(t - 1.0) < 1e-3  # the singularity
+
+
+def test_blowup_adaptive_raises_under_jit():
+    run = jax.jit(lambda y: og.solve(blowup, y, (0.0, 2.0)).ys)
+    with pytest.raises(Exception, match=r"failed at t=1\b.*(step size fell below|non-finite)"):
+        jax.block_until_ready(run(jnp.asarray(1.0)))
+
+
+def test_blowup_fixed_nonfinite():
+    """Fixed steps run through the singularity: the state overflows, reported as nonfinite."""
+    sol = og.solve(blowup, jnp.asarray(1.0), (0.0, 2.0), step=og.Fixed(0.1), throw=False)
+    assert int(sol.result) == og.Result.nonfinite
+    with pytest.raises(RuntimeError, match=r"failed at t=.*non-finite"):
+        og.solve(blowup, jnp.asarray(1.0), (0.0, 2.0), step=og.Fixed(0.1))
+
+
+def test_result_codes():
+    assert [r.name for r in og.Result] == [
+        "success",
+        "max_steps_reached",
+        "step_size_underflow",
+        "nonfinite",
+    ]
+    sol = jax.jit(lambda y: og.solve(blowup, y, (0.0, 0.5)))(jnp.asarray(1.0))
+    assert int(sol.result) == og.Result.success
+    assert abs(float(sol.ys[-1]) - 2.0) < 1e-5  # y(0.5) = 2
