@@ -118,6 +118,10 @@ def run_demo(out: str, iters: int, lr: float | None, seed: int, use_optax: bool 
         f"(adjoint og.Auto()); {method}, on log-parameters; {iters} iterations; "
         f"JAX backend {jax.default_backend()}."
     )
+    explain = og.explain_adjoint(
+        lotka_volterra, y0, (0.0, T1), jnp.asarray(p_init), saveat=og.SaveAt(ts=ts_obs), **solve_kw
+    )
+    print(f"adjoint: {explain}")
     t0 = time.perf_counter()
     step_c = jax.jit(step).lower(logp, opt_state).compile()  # loss-and-grad compiled once
     print(f"compiled the loss-and-gradient step in {time.perf_counter() - t0:.2f} s")

@@ -4,52 +4,79 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import jax
+
 from .._loop import LoopOutput
 from .base import AbstractAdjoint, Problem
 from .discrete import DEFAULT_MEMORY_BUDGET, Discrete
+from .forward import Forward
+
+#: Forward sensitivities win while the inputs (states + parameters) are at most this many.
+FORWARD_MAX_INPUTS = 32
 
 
 @dataclass(frozen=True)
 class Auto(AbstractAdjoint):
     """Choose the adjoint from the problem's size, step count, memory budget and solver.
 
-    Current rule: the exact discrete adjoint, :class:`Discrete` with ``checkpoints=None``, which
-    keeps every step while that fits in ``memory_budget`` and otherwise recomputes under a
-    binomial schedule. It never chooses a method whose gradient can silently drift (Backsolve).
-    ``og.explain_adjoint`` reports the choice with its numbers.
+    Rules, in order:
+
+    1. A step grid known at trace time (``Fixed``/``StepTo``): :class:`Discrete` — JAX's own
+       reverse pass over one ``lax.scan`` when every step fits in ``memory_budget``, else binomial
+       checkpointing. Exact, and the fastest reverse pass there is.
+    2. Adaptive steps with at most ``FORWARD_MAX_INPUTS`` inputs (states + differentiable
+       parameters): :class:`Forward` — the sensitivities ride along the one forward solve and no
+       backward solve is needed.
+    3. Otherwise :class:`Discrete` (exact gradient of the adaptive solve, memory bounded by the
+       budget through binomial checkpointing).
+
+    It never chooses :class:`Backsolve`, whose gradient can drift. ``og.explain_adjoint`` reports
+    the choice with its numbers.
 
     Example:
         >>> og.solve(f, y0, (0.0, 1.0), args, adjoint=og.Auto())
     """
 
     memory_budget: int = DEFAULT_MEMORY_BUDGET
+    forward_max_inputs: int = FORWARD_MAX_INPUTS
 
     def choose(self, problem: Problem) -> tuple[AbstractAdjoint, str]:
+        n_state = sum(int(x.size) for x in jax.tree.leaves(problem.y0))
+        n_params = sum(int(x.size) for x in jax.tree.leaves(problem.args_diff))
+        n_in = n_state + n_params
+        steps = problem.static_steps
+        size = f"{n_state} state entries and {n_params} differentiable parameters"
+        if steps is None and n_in <= self.forward_max_inputs:
+            text = (
+                f"Auto chose Forward(): {size} make {n_in} sensitivity directions "
+                f"(<= {self.forward_max_inputs}), and the step count is adaptive, so carrying "
+                "the sensitivities through the one forward solve is cheaper than any backward "
+                "solve."
+            )
+            return Forward(), text
         chosen = Discrete(None, self.memory_budget)
         resolved = chosen.resolve(problem)
         per_state = problem.state_bytes()
-        n = problem.static_steps
-        steps = (
-            f"{n} steps (known at trace time)"
-            if n is not None
-            else (f"an adaptive step count (at most max_steps={problem.max_steps})")
+        where = (
+            f"{steps} steps known at trace time"
+            if steps is not None
+            else f"an adaptive step count (at most max_steps={problem.max_steps}) and "
+            f"{n_in} > {self.forward_max_inputs} inputs, too many for forward sensitivities"
         )
         if resolved == "all":
-            why = (
-                f"keeping every step costs at most "
-                f"{_mib(per_state * (n if n is not None else problem.max_steps))} of states, "
-                f"within the {_mib(self.memory_budget)} budget, so nothing is recomputed"
+            how = (
+                f"keeping every step fits the {_mib(self.memory_budget)} budget "
+                f"({_mib(per_state)} per state), so nothing is recomputed"
             )
         else:
-            why = (
+            how = (
                 f"keeping every step would exceed the {_mib(self.memory_budget)} budget, so "
                 f"{resolved} checkpoints of {_mib(per_state)} each are kept and the rest "
                 "recomputed on a binomial (revolve) schedule"
             )
         text = (
-            f"Auto chose Discrete(checkpoints={resolved!r}) for a state of "
-            f"{per_state} bytes (with the solver's carried stage) and {steps}: the exact "
-            f"gradient of the discretised solve; {why}."
+            f"Auto chose Discrete(checkpoints={resolved!r}) for {size} and {where}: the exact "
+            f"gradient of the discretised solve; {how}."
         )
         return chosen, text
 
