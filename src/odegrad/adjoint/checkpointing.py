@@ -35,7 +35,8 @@ def binomial_advance(length, free):
         return jnp.exp(gammaln(s + t + 1.0) - gammaln(s + 1.0) - gammaln(t + 1.0))
 
     # least t with beta(free, t) >= length (log-domain, a few iterations at most)
-    t = lax.while_loop(lambda t: beta(sf, t) < lf * (1 - 1e-6), lambda t: t + 1.0, 0.0)
+    # with no free slot the answer is unused (the caller advances to the end); skip the search
+    t = lax.while_loop(lambda t: (sf > 0) & (beta(sf, t) < lf * (1 - 1e-6)), lambda t: t + 1.0, 0.0)
     adv = jnp.round(lf - beta(sf - 1.0, t)).astype(length.dtype)
     adv = jnp.where(free >= length - 1, 1, adv)
     return jnp.clip(adv, 1, jnp.maximum(length - 1, 1))

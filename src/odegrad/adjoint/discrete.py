@@ -9,6 +9,7 @@ schedule (:mod:`odegrad.adjoint.checkpointing`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -112,17 +113,39 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             j_start, j_count = save_slots(starts, plan.ts, n_rows)
             j_start = jnp.where(jnp.arange(n_rows) < n, j_start, 0)
 
+        # With int checkpoints, f's internals are recomputed inside each reverse step rather
+        # than held as residuals (memory is what the user asked to save), and only y is kept:
+        step_problem = (
+            problem
+            if store_all
+            else dataclasses.replace(
+                problem, f=_rematerialized(problem.f, problem.solver.partitioned)
+            )
+        )
+
+        # the solver's carried state: the solver's carried state (the FSAL stage
+        # f(t, y), or Leapfrog's acceleration) is a function of (t, y) and is recomputed, which
+        # halves the checkpoint memory for one extra f evaluation per reverse step.
         def step_fn(k, y, st, a_diff):
-            res_ = problem.step(starts[k], sizes[k], y, problem.with_args(a_diff), st)
-            return res_.y1, res_.state, res_.dense
+            a = problem.with_args(a_diff)
+            if st is None:
+                st = problem.solver.init(problem.f, problem.direction * starts[k], y, a)
+            res_ = step_problem.step(starts[k], sizes[k], y, a, st)
+            return res_.y1, (None if store_all is False else res_.state), res_.dense
 
         def advance(k, x):
-            y1, st1, _ = step_fn(k, x[0], x[1], args_diff)
-            return (y1, st1)
+            if store_all:
+                y1, st1, _ = step_fn(k, x[0], x[1], args_diff)
+                return (y1, st1)
+            return step_fn(k, x, None, args_diff)[0]
 
         def backward(k, x, adj):
             a_y, a_st, a_args = adj
-            (y1, _, dense), vjp = jax.vjp(lambda y, s, a: step_fn(k, y, s, a), *x, args_diff)
+            if store_all:
+                (y1, _, dense), vjp = jax.vjp(lambda y, s, a: step_fn(k, y, s, a), *x, args_diff)
+            else:
+                (y1, _, dense), vjp_y = jax.vjp(lambda y, a: step_fn(k, y, None, a), x, args_diff)
+                vjp = lambda c: (*vjp_y(c)[:1], None, vjp_y(c)[1])
             ct_dense = tree_zeros_like(dense)
             if plan.dense:
                 ct_dense = tree_add(ct_dense, jax.tree.map(lambda c: c[k], ct.dense[2]))
@@ -153,20 +176,29 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             cy0, cst0, ca0 = vjp((a_y, a_st, ct_dense))
             return cy0, cst0, tree_add(a_args, ca0)
 
-        st0 = problem.init_state(y0, args)
-        adj = (ct.y1, tree_zeros_like(st0), tree_zeros_like(args_diff))
         if store_all:
+            st0 = problem.init_state(y0, args)
+            adj = (ct.y1, tree_zeros_like(st0), tree_zeros_like(args_diff))
             stored = ((rec["y"], rec["st"]), n)
-            slots = problem.max_steps
-        else:
-            stored, slots = None, int(checkpoints)
-        a_y, a_st, a_args = reverse_steps(advance, backward, n, (y0, st0), adj, slots, stored)
-        # the solver's initial state (e.g. k1 = f(t0, y0)) depends on y0 and args too
-        _, vjp_init = jax.vjp(
-            lambda y, a: problem.init_state(y, problem.with_args(a)), y0, args_diff
-        )
-        cy, ca = vjp_init(a_st)
-        return tree_add(a_y, cy), tree_add(a_args, ca)
+            a_y, a_st, a_args = reverse_steps(
+                advance, backward, n, (y0, st0), adj, problem.max_steps, stored
+            )
+            # the solver's initial state (e.g. k1 = f(t0, y0)) depends on y0 and args too
+            _, vjp_init = jax.vjp(
+                lambda y, a: problem.init_state(y, problem.with_args(a)), y0, args_diff
+            )
+            cy, ca = vjp_init(a_st)
+            return tree_add(a_y, cy), tree_add(a_args, ca)
+        adj = (ct.y1, None, tree_zeros_like(args_diff))
+        a_y, _, a_args = reverse_steps(advance, backward, n, y0, adj, int(checkpoints))
+        return a_y, a_args
 
     solve.defvjp(solve_fwd, solve_bwd)
     return solve(problem.y0, problem.args_diff)
+
+
+def _rematerialized(f, partitioned: bool):
+    """``f`` under ``jax.checkpoint``: its reverse pass recomputes its internals."""
+    if partitioned:
+        return tuple(jax.checkpoint(g) for g in f)
+    return jax.checkpoint(f)
