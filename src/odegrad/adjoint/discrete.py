@@ -86,6 +86,8 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
     solver, plan = problem.solver, problem.plan
     fixed = problem.static_steps is not None
     store_all = checkpoints == "all"
+    # keep (y, solver state) pairs unless the state can be recomputed from y
+    keep_state = store_all or not problem.solver.state_from_y
     record = "all" if store_all else "times"
 
     def strip(out: LoopOutput) -> LoopOutput:
@@ -131,17 +133,17 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             if st is None:
                 st = problem.solver.init(problem.f, problem.direction * starts[k], y, a)
             res_ = step_problem.step(starts[k], sizes[k], y, a, st)
-            return res_.y1, (None if store_all is False else res_.state), res_.dense
+            return res_.y1, (res_.state if keep_state else None), res_.dense
 
         def advance(k, x):
-            if store_all:
+            if keep_state:
                 y1, st1, _ = step_fn(k, x[0], x[1], args_diff)
                 return (y1, st1)
             return step_fn(k, x, None, args_diff)[0]
 
         def backward(k, x, adj):
             a_y, a_st, a_args = adj
-            if store_all:
+            if keep_state:
                 (y1, _, dense), vjp = jax.vjp(lambda y, s, a: step_fn(k, y, s, a), *x, args_diff)
             else:
                 (y1, _, dense), vjp_y = jax.vjp(lambda y, a: step_fn(k, y, None, a), x, args_diff)
@@ -176,13 +178,14 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             cy0, cst0, ca0 = vjp((a_y, a_st, ct_dense))
             return cy0, cst0, tree_add(a_args, ca0)
 
-        if store_all:
+        if keep_state:
             st0 = problem.init_state(y0, args)
             adj = (ct.y1, tree_zeros_like(st0), tree_zeros_like(args_diff))
-            stored = ((rec["y"], rec["st"]), n)
-            a_y, a_st, a_args = reverse_steps(
-                advance, backward, n, (y0, st0), adj, problem.max_steps, stored
-            )
+            if store_all:
+                stored, slots = ((rec["y"], rec["st"]), n), problem.max_steps
+            else:
+                stored, slots = None, int(checkpoints)
+            a_y, a_st, a_args = reverse_steps(advance, backward, n, (y0, st0), adj, slots, stored)
             # the solver's initial state (e.g. k1 = f(t0, y0)) depends on y0 and args too
             _, vjp_init = jax.vjp(
                 lambda y, a: problem.init_state(y, problem.with_args(a)), y0, args_diff

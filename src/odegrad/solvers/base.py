@@ -39,6 +39,9 @@ class AbstractSolver(abc.ABC):
     #: right-hand-side evaluations made by :meth:`init` and by each :meth:`step`.
     init_evals: int = 0
     step_evals: int = 1
+    #: ``init(f, t, y, args)`` reproduces the carried state at any accepted step (true for the
+    #: FSAL stage ``f(t, y)``), so checkpoints may keep ``y`` alone and recompute the state.
+    state_from_y: bool = True
 
     @abc.abstractmethod
     def init(self, f, t0, y0, args) -> PyTree:
