@@ -106,7 +106,7 @@ def save_in_step(plan: SavePlan, solver, args, t0, dt, dense, buf, j, j_end):
     return lax.while_loop(cond, body, (j, buf))
 
 
-def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0) -> LoopOutput:
+def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -> LoopOutput:
     """Integrate over a grid (in ``tau``) of ``len(grid) - 1`` steps known at trace time."""
     n_steps = grid.shape[0] - 1
     t_real = grid if isinstance(s, float) and s == 1.0 else s * grid
@@ -121,6 +121,11 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0) -> LoopOutput:
     def body(carry, x):
         y, st, buf = carry
         dt = x["t1"] - x["t0"]
+        if progress is not None:
+            if progress.scan_tap:
+                # reverse-pass bar: the cotangent of y passes this step's tap going backwards
+                y = progress.backward.tap(y, x["k"], n_steps, 1 - x["k"] / n_steps)
+            progress.forward.every(x["k"] + 1, n_steps, (x["k"] + 1) / n_steps)
         res = solver.step(f, x["t0"], dt, y, args, st)
         if buf is not None:
             for slot in range(plan.slots):
@@ -195,6 +200,7 @@ def while_loop(
     max_steps: int,
     record: str = "none",
     s=1.0,
+    progress=None,
 ) -> LoopOutput:
     """Integrate from ``tau0`` to ``tau1 > tau0`` in one ``lax.while_loop``.
 
@@ -261,6 +267,8 @@ def while_loop(
     if record == "all":
         c["rec_y"] = _fill(y0, max_steps, 0.0)
         c["rec_st"] = _fill(st0, max_steps, 0.0)
+    if progress is not None:
+        c["reported"] = jnp.asarray(-1, jnp.int32)
 
     def cond(c):
         return (c["t"] < tau1) & (c["result"] == Result.success) & (c["n"] < max_steps)
@@ -328,6 +336,8 @@ def while_loop(
             underflow = ~accept
             failure = jnp.asarray(Result.nonfinite)
         new["result"] = jnp.where(underflow, failure, c["result"]).astype(jnp.int32)
+        if progress is not None:
+            new["reported"] = progress.forward.advance((new["t"] - tau0) / span, c["reported"])
         return new
 
     c = lax.while_loop(cond, body, c)

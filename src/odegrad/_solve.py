@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -72,9 +73,9 @@ def solve(
     problem, ctx = _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps)
     saveat, s, t0, ts_tau, fn_tau, args_ext, y0 = ctx
     if progress:
-        raise NotImplementedError(
-            "progress=True is not available yet in this version of odegrad; pass progress=False."
-        )
+        from ._progress import bars
+
+        problem = dataclasses.replace(problem, progress=bars())
     out = adjoint.run(problem)
 
     ts_rows, ys_rows = [], []

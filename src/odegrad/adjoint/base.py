@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ class Problem:
     control: Any  # Adaptive or RuntimeGrid when grid is None
     plan: SavePlan
     max_steps: int
+    progress: Any = None  # a pair of progress bars (forward, backward), or None
 
     @property
     def static_steps(self) -> int | None:
@@ -49,7 +51,9 @@ class Problem:
         y0 = self.y0 if y0 is None else y0
         args = self.args if args is None else args
         if self.grid is not None:
-            return scan_loop(self.solver, self.f, args, self.grid, y0, self.plan, self.direction)
+            return scan_loop(
+                self.solver, self.f, args, self.grid, y0, self.plan, self.direction, self.progress
+            )
         return while_loop(
             self.solver,
             self.control,
@@ -62,6 +66,15 @@ class Problem:
             self.max_steps,
             record,
             self.direction,
+            self.progress,
+        )
+
+    def without_scan_tap(self) -> Problem:
+        """This problem for adjoints that define their own reverse pass (no tap in the scan)."""
+        if self.progress is None:
+            return self
+        return dataclasses.replace(
+            self, progress=dataclasses.replace(self.progress, scan_tap=False)
         )
 
     def step(self, tau, h, y, args, state):

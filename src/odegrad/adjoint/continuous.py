@@ -87,7 +87,7 @@ class _Continuous(AbstractAdjoint):
         fwd_plan = replace(plan, dense=plan.dense or self.source == "dense")
         if self.source == "backsolve":
             fwd_plan = replace(fwd_plan, fn=lambda t, y, a: (plan.fn(t, y, a), y))
-        fwd_problem = replace(problem, plan=fwd_plan)
+        fwd_problem = replace(problem.without_scan_tap(), plan=fwd_plan)
 
         def split(out: LoopOutput):
             keep = {"dense": out.dense, "t1": out.t1, "y1": out.y1, "ts_y": None, "steps_y": None}
@@ -260,6 +260,8 @@ class _Continuous(AbstractAdjoint):
 
         def interval(k, c):
             i = count - 1 - k
+            if problem.progress is not None:
+                problem.progress.backward.every(k + 1, count - 1, (k + 1) / (count - 1))
             hi, lo = points[i], points[i - 1]
             if segments is not None:
                 c = segments.ensure(c, 0.5 * (hi + lo))

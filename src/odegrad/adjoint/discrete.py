@@ -93,6 +93,8 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
     def strip(out: LoopOutput) -> LoopOutput:
         return out._replace(record={})
 
+    problem = problem.without_scan_tap()
+
     @jax.custom_vjp
     def solve(y0, args_diff):
         return strip(problem.forward(y0, problem.with_args(args_diff)))
@@ -143,6 +145,8 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
 
         def backward(k, x, adj):
             a_y, a_st, a_args = adj
+            if problem.progress is not None:
+                problem.progress.backward.every(k, n, 1 - k / n)
             if keep_state:
                 (y1, _, dense), vjp = jax.vjp(lambda y, s, a: step_fn(k, y, s, a), *x, args_diff)
             else:

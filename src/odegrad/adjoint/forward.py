@@ -35,6 +35,8 @@ class Forward(AbstractAdjoint):
         return f"Forward() with {n_in} sensitivity directions"
 
     def run(self, problem: Problem) -> LoopOutput:
+        problem = problem.without_scan_tap()
+
         def primal(y0, args_diff):
             out = problem.forward(y0, problem.with_args(args_diff))
             return out._replace(record={})
