@@ -1,7 +1,7 @@
 """Shared helpers for the benchmarks: interleaved median timing, compile timing, markdown tables.
 
-Every benchmark measures all of its contestants in one process, interleaved (round ``r`` times
-each contestant ``number`` calls back to back, in an order rotated every round), and reports the
+Every benchmark measures all of its contestants in one process, interleaved (each round times
+each contestant ``number`` calls back to back, in a fresh random order), and reports the
 median over rounds of the time per call. Interleaving spreads slow drifts of the machine (thermal
 state, other processes) evenly over the contestants instead of penalising whoever runs last.
 """
@@ -11,7 +11,9 @@ from __future__ import annotations
 import gc
 import os
 import platform
+import random
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ def block(x: Any) -> Any:
 
 @dataclass
 class Timing:
-    """Seconds per call: the median over rounds, and how many calls it is based on."""
+    """Seconds per call: the median (and the min) over the rounds a contestant took part in."""
 
     median: float
     samples: list[float]  # seconds per call, one per round
@@ -68,12 +70,13 @@ def interleaved_medians(
             samples[name].append(warm)
         else:
             plan[name] = (max(1, min(rounds, int(budget_s / warm))), 1)
+    rng = random.Random(0)  # a fresh order every round, so that no contestant always follows
+    # the same one (e.g. a torch call whose worker threads still spin for a while afterwards)
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for r in range(rounds):
-            k = r % len(names)
-            for name in names[k:] + names[:k]:
+            for name in rng.sample(names, len(names)):
                 n_rounds, calls = plan[name]
                 if r >= n_rounds:
                     continue
@@ -123,8 +126,8 @@ def compile_timed(make: Callable[[], Callable], args: Sequence[Any], reps: int =
 
     ``make`` must build a fresh Python function each time, and JAX's in-memory caches are
     cleared before each repetition, so every repetition pays the full tracing, lowering and XLA
-    compilation a user pays on first call (the persistent compilation cache is not used unless
-    the environment enables it).
+    compilation a user pays on first call (:func:`warm_up_jax` turns the persistent
+    compilation cache off).
     """
     lower_s, compile_s, compiled = [], [], None
     for _ in range(max(1, reps)):
@@ -141,7 +144,11 @@ def compile_timed(make: Callable[[], Callable], args: Sequence[Any], reps: int =
 
 
 def warm_up_jax() -> None:
-    """Pay JAX's one-time start-up costs (backend, first compile) outside any measurement."""
+    """Pay JAX's one-time start-up costs (backend, first compile) outside any measurement.
+
+    Also turns JAX's persistent compilation cache off, so that compile times are cold ones.
+    """
+    jax.config.update("jax_enable_compilation_cache", False)
     block(jax.jit(lambda x: x + 1)(1.0))
 
 
@@ -215,11 +222,39 @@ def load_average() -> str:
         return "load average n/a"
 
 
+def odegrad_revision() -> str:
+    """odegrad's version and, in a git checkout, its commit (``+dirty`` with local changes)."""
+    try:
+        import odegrad
+    except ImportError:
+        return "odegrad not installed"
+    text = f"odegrad {getattr(odegrad, '__version__', '?')}"
+    src = os.path.dirname(os.path.abspath(odegrad.__file__))
+    try:
+        rev = subprocess.run(
+            ["git", "-C", src, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", src, "status", "--porcelain", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return text
+    if rev.returncode == 0:
+        text += f" @ {rev.stdout.strip()}" + ("+dirty" if dirty.stdout.strip() else "")
+    return text
+
+
 def environment() -> str:
     """One line naming the software and machine (and how busy it is), to print above tables."""
     dev = jax.devices()[0]
     return (
-        f"jax {jax.__version__} ({dev.platform}, {dev.device_kind}), python "
-        f"{platform.python_version()}, {os.cpu_count()} CPU cores, x64="
+        f"{odegrad_revision()}, jax {jax.__version__} ({dev.platform}, {dev.device_kind}), "
+        f"python {platform.python_version()}, {os.cpu_count()} CPU cores, x64="
         f"{jax.config.jax_enable_x64}, {load_average()}"
     )

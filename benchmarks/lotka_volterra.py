@@ -203,6 +203,9 @@ def torch_contestants(s: Setup) -> dict:
     import torch
     from torchdiffeq import odeint, odeint_adjoint
 
+    # One intra-op thread: the tensors have 2 entries, and idle OpenMP workers spin after each
+    # call, stealing this 2-core machine's cycles from whatever is timed next.
+    torch.set_num_threads(1)
     tdtype = torch.float64 if s.args.dtype == "float64" else torch.float32
     a = s.args
 

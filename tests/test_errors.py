@@ -272,11 +272,6 @@ def test_wrong_kind_of_argument():
 # the same checks under jit, where t_span, dt and ts are still Python numbers / constants
 
 
-@pytest.mark.xfail(
-    reason="BUG A: inside jit the input checks see tracers (jnp.asarray of Python floats) and "
-    "are skipped; the solve returns y0 / wrong rows / inf rows instead of raising",
-    strict=True,
-)
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [

@@ -805,11 +805,6 @@ def test_jit_equals_eager(linear, linear_args):
     assert max_abs(jitted[-1], linear.exact(1.0)) < 5e-5  # RK4, h = 0.1: measured 2.2e-5
 
 
-@pytest.mark.xfail(
-    reason="BUG A: under jit, Python-float t_span/dt become tracers, so og.Fixed takes the "
-    "runtime-count while loop and SaveAt(steps=True) returns max_steps rows",
-    strict=True,
-)
 def test_fixed_under_jit_uses_static_count(linear, linear_args):
     """The contract: a fixed step count gives exactly that many rows, jitted or not."""
 

@@ -241,9 +241,6 @@ def test_steps_adaptive_pads_with_inf(linear, linear_args):
     assert max_abs(ys[:n], linear.exact(ts[:n])) < 10 * 1e-8
 
 
-@pytest.mark.xfail(
-    reason="BUG B: backward adaptive SaveAt(steps=True) pads sol.ts with -inf, not inf", strict=True
-)
 def test_steps_adaptive_backward_pads_with_inf(linear, linear_args):
     sol = jax.jit(
         lambda y, a: og.solve(

@@ -17,6 +17,9 @@ from .adjoint import (
 from .solvers import (
     BS3,
     RK4,
+    RKC,
+    ROCK2,
+    ROCK4,
     AbstractSolver,
     Dopri5,
     Dopri8,
@@ -35,6 +38,9 @@ __version__ = "0.1.0"
 __all__ = [
     "BS3",
     "RK4",
+    "RKC",
+    "ROCK2",
+    "ROCK4",
     "AbstractAdjoint",
     "AbstractSolver",
     "Adaptive",

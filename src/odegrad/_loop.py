@@ -139,6 +139,8 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
             out["y"] = plan.fn(s * x["t1"], res.y1, args)
         if plan.dense:
             out["dense"] = res.dense
+        if res.evals is not None:  # solvers with a run-time stage count report it (stabilized.py)
+            out["evals"] = res.evals
         return (res.y1, res.state, buf), out
 
     (y1, _, ts_buf), out = lax.scan(body, (y0, st0, ts_buf), xs)
@@ -149,7 +151,9 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
     first_bad = jnp.where(first_bad >= 0, first_bad, n_steps)
     fail_t = jnp.where(jnp.isfinite(fail_t), fail_t, grid[-1])
     n = jnp.asarray(n_steps)
-    evals = solver.init_evals + n_steps * solver.step_evals
+    evals = solver.init_evals + (
+        jnp.sum(out["evals"]) if "evals" in out else n_steps * solver.step_evals
+    )
     stats = {"steps": n, "accepted": n, "rejected": jnp.asarray(0), "rhs_evals": jnp.asarray(evals)}
     dense = (grid[:-1], grid[1:] - grid[:-1], out["dense"], n_steps) if plan.dense else None
     return LoopOutput(
@@ -235,6 +239,7 @@ def while_loop(
         "ratio_prev": jnp.asarray(1.0, tdtype),
         "n": jnp.asarray(0),
         "acc": jnp.asarray(0),
+        "evals": jnp.asarray(0),  # rhs evaluations of all attempted steps
         "result": jnp.asarray(int(Result.success), jnp.int32),
     }
     if plan.ts is not None:
@@ -329,6 +334,7 @@ def while_loop(
         new["ratio_prev"] = ratio_prev
         new["n"] = c["n"] + 1
         new["acc"] = acc + accept.astype(acc.dtype)
+        new["evals"] = c["evals"] + (solver.step_evals if res.evals is None else res.evals)
         if adaptive:
             underflow = (~accept) & (h_next < floor)
             failure = jnp.where(finite, Result.step_size_underflow, Result.nonfinite)
@@ -347,7 +353,7 @@ def while_loop(
         "steps": c["n"],
         "accepted": c["acc"],
         "rejected": c["n"] - c["acc"],
-        "rhs_evals": init_evals + c["n"] * solver.step_evals,
+        "rhs_evals": init_evals + c["evals"],
     }
     dense = None
     if plan.dense:

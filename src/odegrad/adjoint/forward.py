@@ -55,10 +55,11 @@ class Forward(AbstractAdjoint):
             basis = jnp.eye(x.size, dtype=x.dtype)
 
             def tangent(v):
-                return jax.jvp(lambda x_: differentiable(primal(*unravel(x_))), (x,), (v,))[1]
+                # primal and tangents in one pass; the primal does not depend on v
+                return jax.jvp(lambda x_: primal(*unravel(x_)), (x,), (v,))
 
-            out = primal(y0, args_diff)
-            sens = jax.vmap(tangent)(basis)  # leading axis: input direction
+            out, sens = jax.vmap(tangent, out_axes=(None, 0))(basis)
+            sens = differentiable(sens)  # leading axis: input direction
             return out, (sens, out.stats["accepted"])
 
         def solve_bwd(res, ct: LoopOutput):

@@ -1,4 +1,4 @@
-"""Solvers: explicit Runge–Kutta tableaus and partitioned methods."""
+"""Solvers: explicit Runge–Kutta tableaus, partitioned and stabilised explicit methods."""
 
 from . import tableaus
 from .base import AbstractSolver, StepResult
@@ -15,10 +15,14 @@ from .explicit_rk import (
     Tsit5,
 )
 from .partitioned import Leapfrog, SemiImplicitEuler
+from .stabilized import RKC, ROCK2, ROCK4
 
 __all__ = [
     "BS3",
     "RK4",
+    "RKC",
+    "ROCK2",
+    "ROCK4",
     "AbstractSolver",
     "Dopri5",
     "Dopri8",

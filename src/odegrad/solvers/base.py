@@ -17,12 +17,16 @@ class StepResult(NamedTuple):
         dense: whatever :meth:`AbstractSolver.interpolate` needs for this step (includes ``y0``,
             ``y1`` and ``dt`` as the solver sees fit).
         state: the solver's carried state (e.g. the first-same-as-last stage) for the next step.
+        evals: optional integer count of right-hand-side evaluations this step really made, for
+            solvers whose count varies at run time (the stabilised methods); ``None`` means
+            :attr:`AbstractSolver.step_evals`. The loops sum it into ``stats["rhs_evals"]``.
     """
 
     y1: PyTree
     error: PyTree | None
     dense: PyTree
     state: PyTree
+    evals: Any = None
 
 
 class AbstractSolver(abc.ABC):

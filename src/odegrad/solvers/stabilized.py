@@ -1,0 +1,430 @@
+"""Stabilised explicit Runge–Kutta methods for diffusion-dominated (mildly stiff) problems.
+
+RKC (damped Chebyshev, order 2), ROCK2 and ROCK4 (Abdulle's orthogonal Runge–Kutta–Chebyshev
+methods, orders 2 and 4) take ``s`` explicit stages per step, where ``s`` grows like
+``sqrt(dt * rho)`` with ``rho`` the spectral radius of the Jacobian: their stability interval on
+the negative real axis has length ``~ beta * s**2`` (RKC 0.653, ROCK2 0.811, ROCK4 0.353), so a
+step ``dt`` costs ``~ sqrt(dt * rho / beta)`` evaluations instead of the ``~ dt * rho / 2`` of
+forward Euler.
+
+``rho`` comes from a user's ``spectral_radius(t, y, args)`` or from a warm-started power iteration
+on Jacobian-vector products ``jax.jvp(lambda y: f(t, y, args), (y,), (v,))`` carried in the
+solver state (hence ``state_from_y = False``), times a safety factor. The stage count is a
+discrete choice made under ``lax.stop_gradient``: no derivative flows through ``rho``.
+
+Differentiability. The stage count varies per step at run time, so each stage recurrence is one
+``lax.scan`` of a static length (the largest degree the method allows) whose iterations beyond
+the chosen degree are skipped with ``lax.cond``: a static-length scan is reverse-differentiable,
+so ``jax.vjp(step)`` (the Discrete adjoint) works, the body (and ``f``) is traced once per scan
+(small compile time), and on one device only the active iterations evaluate ``f``. Caveats: under
+``jax.vmap`` the ``cond`` becomes a ``select`` and every iteration evaluates ``f``; the reverse
+pass of one step keeps residuals for the full static length.
+
+The carried state is ``(f(t, y), rho, v)``; ``f(t1, y1)`` is the next step's first stage and the
+end slope of the cubic Hermite dense output. Each step reports the right-hand-side evaluations
+it really made (stages, the closing ``f(t1, y1)`` and the power-iteration JVPs, one each) as
+``StepResult.evals``; the loops sum it into ``sol.stats["rhs_evals"]``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._tree import is_inexact_array
+from . import _rock_coefficients as _rc
+from .base import AbstractSolver, StepResult
+from .explicit_rk import hermite
+
+
+def _lc(*pairs):
+    """``sum(c * x)`` over ``(c, x)`` pairs, leafwise; scalars cast to each leaf's dtype."""
+    coeffs = [c for c, _ in pairs]
+    trees = [x for _, x in pairs]
+
+    def leaf(*xs):
+        acc = None
+        for c, x in zip(coeffs, xs, strict=True):
+            term = jnp.asarray(c, dtype=x.dtype) * x
+            acc = term if acc is None else acc + term
+        return acc
+
+    return jax.tree.map(leaf, *trees)
+
+
+def _norm(tree):
+    return jnp.sqrt(sum(jnp.sum(jnp.square(jnp.abs(x))) for x in jax.tree.leaves(tree)))
+
+
+def _sg(tree):
+    return jax.tree.map(lambda x: lax.stop_gradient(x) if is_inexact_array(x) else x, tree)
+
+
+def _where(pred, a, b):
+    return jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b)
+
+
+def _start_vector(y):
+    """A fixed pseudo-random unit vector shaped like ``y`` (all modes present)."""
+    leaves, treedef = jax.tree.flatten(y)
+    key = jax.random.PRNGKey(20260)
+    out = [
+        jax.random.normal(jax.random.fold_in(key, i), jnp.shape(x), jnp.result_type(x))
+        for i, x in enumerate(leaves)
+    ]
+    v = jax.tree.unflatten(treedef, out)
+    return jax.tree.map(lambda x: x / _norm(v).astype(x.dtype), v)
+
+
+def power_iteration(f, t, y, args, v, iters: int):
+    """``iters`` steps of the power iteration ``v <- J v / |J v|`` with ``J = df/dy (t, y)``.
+
+    Returns ``(|J v|, v)`` (``|v| = 1``), both without derivatives. ``v`` warm-starts it.
+    """
+    t, y, args, v = _sg(t), _sg(y), _sg(args), _sg(v)
+    rho = jnp.zeros((), jnp.result_type(*jax.tree.leaves(y)))
+    for _ in range(iters):
+        _, jv = jax.jvp(lambda y_: f(t, y_, args), (y,), (v,))
+        nrm = _norm(jv)
+        ok = jnp.isfinite(nrm) & (nrm > 0)
+        safe = jnp.where(ok, nrm, 1.0)
+        v = _where(ok, jax.tree.map(lambda x: x / safe.astype(x.dtype), jv), v)
+        rho = jnp.where(ok, nrm.astype(rho.dtype), rho)
+    return lax.stop_gradient(rho), _sg(v)
+
+
+class _Stabilized(AbstractSolver):
+    """Shared machinery: spectral radius, stage choice, state, dense output, eval count."""
+
+    state_from_y = False
+    #: length of the stability interval ~ beta * s**2 (for documentation and tests)
+    beta: float
+
+    def __init__(
+        self,
+        spectral_radius=None,
+        *,
+        safety: float = 1.2,
+        power_iters: int = 1,
+        init_power_iters: int = 20,
+    ):
+        """
+        Args:
+            spectral_radius: optional ``spectral_radius(t, y, args) -> float``, an upper bound of
+                the spectral radius of ``df/dy``; it replaces the power iteration.
+            safety: factor applied to the spectral-radius estimate before choosing the stages.
+            power_iters: JVP power-iteration steps per step (warm-started from the last vector).
+            init_power_iters: power-iteration steps before the first step.
+        """
+        self.spectral_radius = spectral_radius
+        self.safety = float(safety)
+        self.power_iters = int(power_iters)
+        self.init_power_iters = int(init_power_iters)
+        self.init_evals = 1 + (0 if spectral_radius is not None else self.init_power_iters)
+        # static upper bound (the loops use the per-step ``StepResult.evals`` instead)
+        self.step_evals = self.max_stages + (0 if spectral_radius is not None else power_iters)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    # -- spectral radius -------------------------------------------------------------------
+    def _rho(self, f, t, y, args, v, iters):
+        if self.spectral_radius is not None:
+            rho = jnp.abs(jnp.asarray(self.spectral_radius(_sg(t), _sg(y), _sg(args))))
+            return lax.stop_gradient(self.safety * rho), None
+        rho, v = power_iteration(f, t, y, args, v, iters)
+        return self.safety * rho, v
+
+    def init(self, f, t0, y0, args):
+        f0 = f(t0, y0, args)
+        v0 = None if self.spectral_radius is not None else _start_vector(y0)
+        rho, v = self._rho(f, t0, y0, args, v0, self.init_power_iters)
+        return (f0, rho, v)
+
+    # -- to be provided by each method -----------------------------------------------------
+    max_stages: int
+
+    def stage_count(self, h_rho):
+        """Total stages (``f`` evaluations, the carried first stage included) for ``|dt|*rho``."""
+        raise NotImplementedError
+
+    def _advance(self, f, t0, dt, y0, args, f0, h_rho):
+        """``(y1, error_without_f1_terms, f1_coeff, n_evals)``; see subclasses."""
+        raise NotImplementedError
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self, f, t0, dt, y0, args, state):
+        f0, rho, v = state
+        h_rho = lax.stop_gradient(jnp.abs(dt) * rho)
+        y1, err_of, n_evals = self._advance(f, t0, dt, y0, args, f0, h_rho)
+        t1 = t0 + dt
+        f1 = f(t1, y1, args)
+        error = err_of(f1)
+        rho1, v1 = self._rho(f, t1, y1, args, v, self.power_iters)
+        extra = 1 + (0 if self.spectral_radius is not None else self.power_iters)
+        evals = (n_evals + extra).astype(jnp.int32)
+        return StepResult(y1, error, (y0, y1, f0, f1, dt), (f1, rho1, v1), evals)
+
+    def interpolate(self, dense, theta):
+        y0, y1, f0, f1, dt = dense
+        return hermite(y0, y1, f0, f1, dt, theta)
+
+
+# ----------------------------------------------------------------------------------------------
+# RKC
+# ----------------------------------------------------------------------------------------------
+
+
+class RKC(_Stabilized):
+    """Sommeijer–Shampine–Verwer damped Runge–Kutta–Chebyshev method, order 2.
+
+    ``s >= 2`` stages from the three-term Chebyshev recurrence with damping ``eps = 2/13``
+    (B. P. Sommeijer, L. F. Shampine, J. G. Verwer, "RKC: an explicit solver for parabolic
+    PDEs", J. Comput. Appl. Math. 88 (1997) 315–326; Verwer, Hundsdorfer & Sommeijer 1990);
+    stability interval ``~ 0.653 s**2``, stage count ``s = 1 + floor(sqrt(1 + 1.54 |dt| rho))``.
+    Error estimate of the RKC paper: ``(12 (y0 - y1) + 6 dt (f0 + f1)) / 15`` (``O(dt**3)``).
+
+    Example:
+        >>> og.solve(heat, u0, (0., 1.), solver=og.RKC(), step=og.Adaptive(1e-6, 1e-8))
+    """
+
+    order = 2
+    embedded_order = 2  # the estimate is O(dt**3), like an order-2 embedded pair
+    beta = 0.653
+    eps = 2.0 / 13.0
+
+    def __init__(self, spectral_radius=None, *, max_stages: int = 100, **kw):
+        self.max_stages = int(max_stages)
+        super().__init__(spectral_radius, **kw)
+
+    def stage_count(self, h_rho):
+        s = 1 + jnp.floor(jnp.sqrt(1.0 + 1.54 * h_rho))
+        return jnp.clip(s, 2, self.max_stages).astype(jnp.int32)
+
+    def _advance(self, f, t0, dt, y0, args, f0, h_rho):
+        s = self.stage_count(h_rho)
+        tdt = jnp.result_type(dt)
+        sf = s.astype(tdt)
+        w0 = 1.0 + self.eps / (sf * sf)
+        temp1 = w0 * w0 - 1.0
+        temp2 = jnp.sqrt(temp1)
+        arg = sf * jnp.log(w0 + temp2)
+        w1 = jnp.sinh(arg) * temp1 / (jnp.cosh(arg) * sf * temp2 - w0 * jnp.sinh(arg))
+        b1 = 1.0 / (2.0 * w0) ** 2
+        mus1 = w1 * b1
+        zero, one = jnp.zeros((), tdt), jnp.ones((), tdt)
+        carry = {
+            "y2": y0,
+            "y1": _lc((1.0, y0), (dt * mus1, f0)),
+            "th2": zero,
+            "th1": mus1,
+            "z2": one,
+            "z1": w0,
+            "dz2": zero,
+            "dz1": one,
+            "d2z2": zero,
+            "d2z1": zero,
+            "b2": b1,
+            "b1": b1,
+        }
+
+        def stage(j, c):
+            zj = 2 * w0 * c["z1"] - c["z2"]
+            dzj = 2 * w0 * c["dz1"] - c["dz2"] + 2 * c["z1"]
+            d2zj = 2 * w0 * c["d2z1"] - c["d2z2"] + 4 * c["dz1"]
+            bj = d2zj / (dzj * dzj)
+            a1 = 1.0 - c["z1"] * c["b1"]
+            mu = 2 * w0 * bj / c["b1"]
+            nu = -bj / c["b2"]
+            mus = mu * w1 / w0
+            k = f(t0 + dt * c["th1"], c["y1"], args)
+            yj = _lc(
+                (mu, c["y1"]),
+                (nu, c["y2"]),
+                (1.0 - mu - nu, y0),
+                (dt * mus, k),
+                (-dt * mus * a1, f0),
+            )
+            thj = mu * c["th1"] + nu * c["th2"] + mus * (1.0 - a1)
+            return {
+                "y2": c["y1"],
+                "y1": yj,
+                "th2": c["th1"],
+                "th1": thj,
+                "z2": c["z1"],
+                "z1": zj,
+                "dz2": c["dz1"],
+                "dz1": dzj,
+                "d2z2": c["d2z1"],
+                "d2z1": d2zj,
+                "b2": c["b1"],
+                "b1": bj,
+            }
+
+        def body(c, j):
+            return lax.cond(j <= s, lambda c_: stage(j, c_), lambda c_: c_, c), None
+
+        carry, _ = lax.scan(body, carry, jnp.arange(2, self.max_stages + 1))
+        y1 = carry["y1"]
+
+        def err_of(f1):
+            return _lc((0.8, y0), (-0.8, y1), (0.4 * dt, f0), (0.4 * dt, f1))
+
+        return y1, err_of, s - 1
+
+
+# ----------------------------------------------------------------------------------------------
+# ROCK2 / ROCK4
+# ----------------------------------------------------------------------------------------------
+
+
+def _recurrence_tables(blocks: dict):
+    """Padded per-degree tables: degrees, mu_1, mu_i and kappa_i (i = 2..ms), zero beyond ms."""
+    degrees = np.array(sorted(blocks), dtype=np.int32)
+    width = max(int(degrees.max()) - 1, 1)
+    mu1 = np.zeros(len(degrees))
+    mu = np.zeros((len(degrees), width))
+    kappa = np.zeros((len(degrees), width))
+    for i, ms in enumerate(degrees):
+        recf = np.asarray(blocks[int(ms)][-1], dtype=np.float64)
+        if recf.shape != (2 * ms - 1,):
+            raise ValueError(f"recf block of degree {ms} has {recf.size} entries, not {2 * ms - 1}")
+        mu1[i] = recf[0]
+        mu[i, : ms - 1] = recf[1::2]
+        kappa[i, : ms - 1] = recf[2::2]
+    return degrees, mu1, mu, kappa
+
+
+def _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1, mu_row, kappa_row):
+    """The ``ms``-stage recurrence ``u_i = dt mu_i f(u_{i-1}) + (1+kappa_i) u_{i-1} - kappa_i
+    u_{i-2}`` (``u_0 = y0``, ``u_1 = y0 + dt mu_1 f0``); returns ``(u_ms, t_ms)``."""
+    carry = (y0, _lc((1.0, y0), (dt * mu1, f0)), t0, t0 + dt * mu1)
+
+    def body(c, x):
+        i, mu, kap = x
+
+        def active(c_):
+            u2, u1, t2, t1 = c_
+            k = f(t1, u1, args)
+            u = _lc((dt * mu, k), (1.0 + kap, u1), (-kap, u2))
+            return (u1, u, t1, dt * mu + (1.0 + kap) * t1 - kap * t2)
+
+        return lax.cond(i <= ms, active, lambda c_: c_, c), None
+
+    idx = jnp.arange(2, mu_row.shape[0] + 2)
+    (_, u, _, t), _ = lax.scan(body, carry, (idx, mu_row, kappa_row))
+    return u, t
+
+
+class _ROCK(_Stabilized):
+    _table: dict
+    _stage_extra: int  # stages beyond the recurrence degree (finishing procedure)
+
+    def __init__(self, spectral_radius=None, **kw):
+        degrees = _recurrence_tables(self._table)[0]
+        self.degrees = tuple(int(d) for d in degrees)
+        self.max_stages = self.degrees[-1] + self._stage_extra
+        super().__init__(spectral_radius, **kw)
+
+    def _tables(self, dtype):
+        degrees, mu1, mu, kappa = _recurrence_tables(self._table)
+        return (
+            jnp.asarray(degrees),
+            jnp.asarray(mu1, dtype),
+            jnp.asarray(mu, dtype),
+            jnp.asarray(kappa, dtype),
+        )
+
+    def _degree_index(self, h_rho):
+        raise NotImplementedError
+
+    def stage_count(self, h_rho):
+        idx = self._degree_index(h_rho)
+        return jnp.asarray(self.degrees, jnp.int32)[idx] + self._stage_extra
+
+
+class ROCK2(_ROCK):
+    """Abdulle–Medovikov ROCK2: orthogonal Runge–Kutta–Chebyshev method of order 2.
+
+    A recurrence of degree ``ms`` (tabulated) plus a two-stage finishing procedure, ``ms + 2``
+    stages, stability interval ``~ 0.811 (ms + 2)**2``; embedded first-order error estimate
+    ``dt fp2 (f(u_{s-1}) - f(u_{s-2}))``. Coefficients: :mod:`._rock_coefficients` (A. Abdulle,
+    A. A. Medovikov, Numer. Math. 90 (2001) 1–18).
+    """
+
+    order = 2
+    embedded_order = 1
+    beta = 0.811
+    _table = _rc.ROCK2
+    _stage_extra = 2
+
+    def _degree_index(self, h_rho):
+        mdeg = jnp.floor(jnp.sqrt((1.5 + h_rho) / 0.811)) + 1
+        need = jnp.maximum(mdeg, 3) - 2
+        idx = jnp.searchsorted(jnp.asarray(self.degrees), need.astype(jnp.int32), side="left")
+        return jnp.minimum(idx, len(self.degrees) - 1)
+
+    def _advance(self, f, t0, dt, y0, args, f0, h_rho):
+        tdt = jnp.result_type(dt)
+        degrees, mu1, mu, kappa = self._tables(tdt)
+        idx = self._degree_index(h_rho)
+        ms = degrees[idx]
+        u, t = _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1[idx], mu[idx], kappa[idx])
+        fp1 = jnp.asarray([self._table[d][0] for d in self.degrees], tdt)[idx]
+        fp2 = jnp.asarray([self._table[d][1] for d in self.degrees], tdt)[idx]
+        d1, d2 = dt * fp1, dt * fp2
+        k1 = f(t, u, args)
+        u1 = _lc((1.0, u), (d1, k1))
+        k2 = f(t + d1, u1, args)
+        err = _lc((d2, k2), (-d2, k1))
+        y1 = _lc((1.0, u1), (d1, k2), (1.0, err))
+        return y1, (lambda f1: err), ms + 1
+
+
+class ROCK4(_ROCK):
+    """Abdulle's ROCK4: orthogonal Runge–Kutta–Chebyshev method of order 4.
+
+    A recurrence of degree ``ms`` (tabulated) plus a four-stage finishing procedure, ``ms + 4``
+    stages, stability interval ``~ 0.353 (ms + 4)**2``; embedded third-order error estimate.
+    Coefficients: :mod:`._rock_coefficients` (A. Abdulle, SIAM J. Sci. Comput. 23 (2002)).
+    """
+
+    order = 4
+    embedded_order = 3
+    beta = 0.353
+    _table = _rc.ROCK4
+    _stage_extra = 4
+
+    def _degree_index(self, h_rho):
+        mdeg = jnp.floor(jnp.sqrt((3.0 + h_rho) / 0.353)) + 1
+        need = jnp.maximum(mdeg, 5) - 4
+        idx = jnp.searchsorted(jnp.asarray(self.degrees), need.astype(jnp.int32), side="left")
+        return jnp.minimum(idx, len(self.degrees) - 1)
+
+    def _advance(self, f, t0, dt, y0, args, f0, h_rho):
+        tdt = jnp.result_type(dt)
+        degrees, mu1, mu, kappa = self._tables(tdt)
+        idx = self._degree_index(h_rho)
+        ms = degrees[idx]
+        u, t = _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1[idx], mu[idx], kappa[idx])
+        fpa = jnp.asarray([self._table[d][0] for d in self.degrees], tdt)[idx] * dt
+        fpb = jnp.asarray([self._table[d][1] for d in self.degrees], tdt)[idx] * dt
+        fpbe = jnp.asarray([self._table[d][2] for d in self.degrees], tdt)[idx] * dt
+        a21, a31, a32, a41, a42, a43 = (fpa[i] for i in range(6))
+        k1 = f(t, u, args)
+        k2 = f(t + a21, _lc((1.0, u), (a21, k1)), args)
+        k3 = f(t + a31 + a32, _lc((1.0, u), (a31, k1), (a32, k2)), args)
+        k4 = f(t + a41 + a42 + a43, _lc((1.0, u), (a41, k1), (a42, k2), (a43, k3)), args)
+        ks = (k1, k2, k3, k4)
+        y1 = _lc((1.0, u), *((fpb[i], ks[i]) for i in range(4)))
+        err4 = _lc(*((fpbe[i] - fpb[i], ks[i]) for i in range(4)))
+
+        def err_of(f1):
+            return _lc((1.0, err4), (fpbe[4], f1))
+
+        return y1, err_of, ms + 3
+
+
+__all__ = ["RKC", "ROCK2", "ROCK4", "power_iteration"]
