@@ -510,11 +510,6 @@ def _check_memory(x64: bool):
     assert full > 400 * state
 
 
-@pytest.mark.xfail(
-    reason="BUG: Interpolating(checkpoints=c) with Fixed steps: lax.cond int32/int64 mismatch "
-    "under x64 (see /tmp/odegrad_bugs.md)",
-    strict=True,
-)
 @slow
 def test_interpolating_checkpoint_memory_x64():
     _check_memory(True)

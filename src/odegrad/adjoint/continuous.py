@@ -500,14 +500,14 @@ class _SegmentReplay:
             jnp.full((self.rows,), jnp.inf, self.starts.dtype),
             jnp.ones((self.rows,), self.starts.dtype),
             _fill(dense_row, self.rows, 0.0),
-            jnp.asarray(1),
+            jnp.asarray(1, jnp.int32),
         )
-        return {"checkpoints": ck, "segment": jnp.asarray(-1), "local": local}
+        return {"checkpoints": ck, "segment": jnp.asarray(-1, jnp.int32), "local": local}
 
     def ensure(self, c, p):
         """Rebuild the dense output of the segment containing forward time ``p`` if needed."""
         k = jnp.clip(jnp.searchsorted(self.starts, p, side="right") - 1, 0, self.n - 1)
-        seg = k // self.length
+        seg = (k // self.length).astype(jnp.int32)
 
         def rebuild(c):
             y, st = jax.tree.map(lambda b: b[seg], c["checkpoints"])
@@ -531,6 +531,7 @@ class _SegmentReplay:
             _, _, starts, sizes, data = lax.fori_loop(
                 0, last - first, body, (y, st, starts, sizes, data)
             )
-            return {**c, "segment": seg, "local": (starts, sizes, data, last - first)}
+            count = (last - first).astype(jnp.int32)
+            return {**c, "segment": seg, "local": (starts, sizes, data, count)}
 
         return lax.cond(seg != c["segment"], rebuild, lambda c: c, c)
