@@ -12,11 +12,12 @@ on Jacobian-vector products ``jax.jvp(lambda y: f(t, y, args), (y,), (v,))`` car
 solver state (hence ``state_from_y = False``), times a safety factor. The stage count is a
 discrete choice made under ``lax.stop_gradient``: no derivative flows through ``rho``.
 
-Differentiability. The stage count varies per step at run time, so each stage recurrence is one
-``lax.scan`` of a static length (the largest degree the method allows) whose iterations beyond
-the chosen degree are skipped with ``lax.cond``: a static-length scan is reverse-differentiable,
-so ``jax.vjp(step)`` (the Discrete adjoint) works, the body (and ``f``) is traced once per scan
-(small compile time), and on one device only the active iterations evaluate ``f``. Caveats: under
+Differentiability. The stage count varies per step at run time, so each stage recurrence is a
+static-length ``lax.scan`` (the largest degree the method allows, in blocks, see
+:func:`masked_scan`) whose iterations beyond the chosen degree are skipped with ``lax.cond``: a
+static-length scan is reverse-differentiable, so ``jax.vjp(step)`` (the Discrete adjoint) works,
+the body (and ``f``) is traced once (small compile time), and on one device only the active
+iterations evaluate ``f``. Caveats: under
 ``jax.vmap`` the ``cond`` becomes a ``select`` and every iteration evaluates ``f``; the reverse
 pass of one step keeps residuals for the full static length.
 
@@ -27,6 +28,8 @@ it really made (stages, the closing ``f(t1, y1)`` and the power-iteration JVPs, 
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +96,39 @@ def power_iteration(f, t, y, args, v, iters: int):
         v = _where(ok, jax.tree.map(lambda x: x / safe.astype(x.dtype), jv), v)
         rho = jnp.where(ok, nrm.astype(rho.dtype), rho)
     return lax.stop_gradient(rho), _sg(v)
+
+
+def masked_scan(stage, carry, xs, n_active):
+    """``carry = stage(carry, x)`` for the first ``n_active`` (traced) entries of ``xs``.
+
+    A static-length, reverse-differentiable replacement for a dynamic-trip-count loop: the
+    entries are grouped in blocks of ``~sqrt(len)``; an outer ``lax.scan`` skips whole blocks
+    past ``n_active`` with ``lax.cond`` and an inner one skips single entries, so a step pays
+    ``~2 sqrt(len)`` skipped iterations at most, and ``stage`` (``f``) is traced once.
+    """
+    length = jax.tree.leaves(xs)[0].shape[0]
+    block = max(4, math.isqrt(length - 1) + 1)
+    nb = -(-length // block)
+    pad = nb * block - length
+
+    def blocked(a):
+        a = jnp.concatenate([a, jnp.zeros((pad, *a.shape[1:]), a.dtype)])
+        return a.reshape(nb, block, *a.shape[1:])
+
+    xs = jax.tree.map(blocked, xs)
+
+    def inner(c, xi):
+        i, x = xi
+        return lax.cond(i < n_active, lambda c_: stage(c_, x), lambda c_: c_, c), None
+
+    def outer(c, xb):
+        b, xblock = xb
+        idx = b * block + jnp.arange(block)
+        run = lambda c_: lax.scan(inner, c_, (idx, xblock))[0]
+        return lax.cond(b * block < n_active, run, lambda c_: c_, c), None
+
+    carry, _ = lax.scan(outer, carry, (jnp.arange(nb), xs))
+    return carry
 
 
 class _Stabilized(AbstractSolver):
@@ -230,7 +266,7 @@ class RKC(_Stabilized):
             "b1": b1,
         }
 
-        def stage(j, c):
+        def stage(c, _):
             zj = 2 * w0 * c["z1"] - c["z2"]
             dzj = 2 * w0 * c["dz1"] - c["dz2"] + 2 * c["z1"]
             d2zj = 2 * w0 * c["d2z1"] - c["d2z2"] + 4 * c["dz1"]
@@ -263,10 +299,8 @@ class RKC(_Stabilized):
                 "b1": bj,
             }
 
-        def body(c, j):
-            return lax.cond(j <= s, lambda c_: stage(j, c_), lambda c_: c_, c), None
-
-        carry, _ = lax.scan(body, carry, jnp.arange(2, self.max_stages + 1))
+        # stages j = 2..s (static length max_stages - 1, the rest skipped)
+        carry = masked_scan(stage, carry, jnp.zeros(self.max_stages - 1, tdt), s - 1)
         y1 = carry["y1"]
 
         def err_of(f1):
@@ -302,19 +336,15 @@ def _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1, mu_row, kappa_row):
     u_{i-2}`` (``u_0 = y0``, ``u_1 = y0 + dt mu_1 f0``); returns ``(u_ms, t_ms)``."""
     carry = (y0, _lc((1.0, y0), (dt * mu1, f0)), t0, t0 + dt * mu1)
 
-    def body(c, x):
-        i, mu, kap = x
+    def stage(c, x):
+        mu, kap = x
+        u2, u1, t2, t1 = c
+        k = f(t1, u1, args)
+        u = _lc((dt * mu, k), (1.0 + kap, u1), (-kap, u2))
+        return (u1, u, t1, dt * mu + (1.0 + kap) * t1 - kap * t2)
 
-        def active(c_):
-            u2, u1, t2, t1 = c_
-            k = f(t1, u1, args)
-            u = _lc((dt * mu, k), (1.0 + kap, u1), (-kap, u2))
-            return (u1, u, t1, dt * mu + (1.0 + kap) * t1 - kap * t2)
-
-        return lax.cond(i <= ms, active, lambda c_: c_, c), None
-
-    idx = jnp.arange(2, mu_row.shape[0] + 2)
-    (_, u, _, t), _ = lax.scan(body, carry, (idx, mu_row, kappa_row))
+    # stages i = 2..ms
+    _, u, _, t = masked_scan(stage, carry, (mu_row, kappa_row), ms - 1)
     return u, t
 
 
@@ -427,4 +457,4 @@ class ROCK4(_ROCK):
         return y1, err_of, ms + 3
 
 
-__all__ = ["RKC", "ROCK2", "ROCK4", "power_iteration"]
+__all__ = ["RKC", "ROCK2", "ROCK4", "masked_scan", "power_iteration"]

@@ -1,0 +1,213 @@
+"""Stabilised explicit methods RKC, ROCK2, ROCK4 on the 1-d heat equation (mildly stiff)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from numpy.polynomial import polynomial as P
+from scipy.linalg import expm
+
+import odegrad as og
+from odegrad.solvers import _rock_coefficients as rc
+
+
+def heat(n: int):
+    """``u_t = a u_xx`` on (0, 1), zero Dirichlet ends, ``n`` interior cells: ``(f, A, x)``."""
+    dx = 1.0 / (n + 1)
+    x = np.arange(1, n + 1) * dx
+    a_mat = np.diag(-2.0 * np.ones(n)) + np.diag(np.ones(n - 1), 1) + np.diag(np.ones(n - 1), -1)
+    a_mat /= dx**2
+
+    def f(t, y, a):
+        yp = jnp.pad(y, 1)
+        return a * (yp[2:] - 2 * yp[1:-1] + yp[:-2]) / dx**2
+
+    return f, a_mat, x
+
+
+def smooth_y0(x):
+    return jnp.asarray(np.sin(np.pi * x) + 0.5 * np.sin(3 * np.pi * x))
+
+
+SOLVERS = [og.RKC, og.ROCK2, og.ROCK4]
+
+
+# -- the coefficient data -------------------------------------------------------------------
+
+
+def _recurrence_poly(ms, recf):
+    one, z = np.array([1.0]), np.array([0.0, 1.0])
+    um2, um1 = one, P.polyadd(one, recf[0] * z)
+    for i in range(2, ms + 1):
+        mu, kap = recf[2 * (i - 2) + 1], recf[2 * (i - 2) + 2]
+        um2, um1 = um1, P.polyadd(P.polyadd(mu * P.polymul(z, um1), (1 + kap) * um1), -kap * um2)
+    return um1
+
+
+@pytest.mark.parametrize("ms", sorted(rc.ROCK2))
+def test_rock2_table_order_conditions(ms):
+    fp1, fp2, recf = rc.ROCK2[ms]
+    assert ms in rc.ROCK2_MS_PUBLISHED and recf.shape == (2 * ms - 1,)
+    z = np.array([0.0, 1.0])
+    u = _recurrence_poly(ms, recf)
+    k1 = P.polymul(z, u)
+    u1 = P.polyadd(u, fp1 * k1)
+    k2 = P.polymul(z, u1)
+    r = P.polyadd(P.polyadd(u1, fp1 * k2), fp2 * P.polyadd(k2, -k1))
+    np.testing.assert_allclose(r[:3] * [1, 1, 2], 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("ms", sorted(rc.ROCK4))
+def test_rock4_table_order_conditions(ms):
+    fpa, fpb, fpbe, recf = rc.ROCK4[ms]
+    assert ms in rc.ROCK4_MS_PUBLISHED and recf.shape == (2 * ms - 1,)
+    z = np.array([0.0, 1.0])
+    u = _recurrence_poly(ms, recf)
+    a21, a31, a32, a41, a42, a43 = fpa
+    k1 = P.polymul(z, u)
+    k2 = P.polymul(z, P.polyadd(u, a21 * k1))
+    k3 = P.polymul(z, P.polyadd(P.polyadd(u, a31 * k1), a32 * k2))
+    k4 = P.polymul(z, P.polyadd(P.polyadd(P.polyadd(u, a41 * k1), a42 * k2), a43 * k3))
+    r, re = u, u
+    for b, be, k in zip(fpb, fpbe, (k1, k2, k3, k4), strict=False):
+        r, re = P.polyadd(r, b * k), P.polyadd(re, be * k)
+    re = P.polyadd(re, fpbe[4] * P.polymul(z, r))
+    fact = [math.factorial(j) for j in range(5)]
+    np.testing.assert_allclose(r[:5] * fact, 1.0, atol=1e-12)  # order 4
+    np.testing.assert_allclose(re[:4] * fact[:4], 1.0, atol=1e-12)  # embedded order 3
+    assert abs(re[4] * 24 - 1) > 1e-4
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_stability_interval(solver):
+    """One scalar step of ``y' = lam y`` stays bounded wherever the stage rule sends it."""
+    s = solver(spectral_radius=lambda t, y, a: -a)
+    lams = -np.linspace(1.0, 1500.0, 300)
+
+    def amp(lam):
+        y0 = jnp.ones(())
+        st = s.init(lambda t, y, a: a * y, 0.0, y0, lam)
+        return s.step(lambda t, y, a: a * y, 0.0, 1.0, y0, lam, st).y1
+
+    ys = jax.jit(jax.vmap(amp))(jnp.asarray(lams))
+    cap = {og.RKC: 0.653 * 100**2, og.ROCK2: 0.811 * 45**2, og.ROCK4: 0.353 * 36**2}[solver]
+    ok = -lams < 0.95 * cap
+    assert np.all(np.abs(np.asarray(ys)[ok]) <= 1.0 + 1e-12)
+
+
+# -- orders, accuracy, stage counts ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "solver,ns",
+    [(og.RKC, (8, 16, 32, 64)), (og.ROCK2, (8, 16, 32, 64)), (og.ROCK4, (4, 8, 16, 32))],
+)
+def test_self_convergence_order(solver, ns):
+    f, _, x = heat(64)  # rho ~ 1.7e4: 4..28 stages over these steps
+    y0, t1 = smooth_y0(x), 0.05
+    ys = [
+        og.solve(f, y0, (0.0, t1), 1.0, solver=solver(), step=og.Fixed(t1 / n)).ys[-1] for n in ns
+    ]
+    d = [float(jnp.max(jnp.abs(ys[i] - ys[i + 1]))) for i in range(len(ys) - 1)]
+    observed = math.log2(d[-2] / d[-1])
+    assert abs(observed - solver.order) < 0.35, (d, observed)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_adaptive_matches_expm(solver):
+    f, a_mat, x = heat(32)
+    y0 = smooth_y0(x) + 0.2 * jnp.sin(8 * jnp.pi * jnp.asarray(x))
+    ts = jnp.linspace(0.0, 0.05, 6)
+    sol = og.solve(
+        f, y0, (0.0, 0.05), 1.0, solver=solver(), step=og.Adaptive(rtol=1e-6, atol=1e-6),
+        saveat=og.SaveAt(ts=ts, dense=True),
+    )  # fmt: skip
+    ref = np.stack([expm(a_mat * float(t)) @ np.asarray(y0) for t in ts])
+    np.testing.assert_allclose(sol.ys, ref, atol=2e-5)
+    mid = float(0.5 * (ts[2] + ts[3]))
+    np.testing.assert_allclose(sol.evaluate(mid), expm(a_mat * mid) @ np.asarray(y0), atol=5e-5)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_stage_count_grows_like_sqrt(solver):
+    s = solver()
+    h_rho = np.array([20.0, 80.0, 320.0])
+    counts = np.asarray(jax.vmap(s.stage_count)(jnp.asarray(h_rho)))
+    need = np.sqrt(h_rho / s.beta)
+    assert np.all(counts >= need) and np.all(counts <= 1.45 * need + 4)
+    ratios = counts[1:] / counts[:-1]  # x4 in dt*rho -> about x2 in stages
+    assert np.all((ratios > 1.5) & (ratios < 2.6)), counts
+    # the steps really take that many evaluations: one step each of size dt and 16 dt
+    f, _, x = heat(32)
+    y0 = smooth_y0(x)
+    evals = []
+    for n in (64, 4):
+        sol = og.solve(f, y0, (0.0, 0.05), 1.0, solver=s, step=og.Fixed(0.05 / n))
+        evals.append((int(sol.stats["rhs_evals"]) - s.init_evals) / n - s.power_iters)
+    assert 2.5 < evals[1] / evals[0] < 5.5, evals
+
+
+def test_rock2_needs_3x_fewer_evaluations_than_tsit5():
+    f, a_mat, x = heat(32)
+    rho = float(np.abs(np.linalg.eigvalsh(a_mat)).max())
+    t1 = 2000 * 2.0 / rho  # 2000 explicit-Euler-stable steps
+    y0 = smooth_y0(x) + 0.2 * jnp.sin(8 * jnp.pi * jnp.asarray(x))
+    calls = {"n": 0}
+
+    def counted(t, y, a):
+        jax.debug.callback(lambda: calls.__setitem__("n", calls["n"] + 1))
+        return f(t, y, a)
+
+    step = og.Adaptive(rtol=1e-4, atol=1e-4)
+    ref = expm(a_mat * t1) @ np.asarray(y0)
+    out = {}
+    for solver in (og.Tsit5(), og.ROCK2()):
+        calls["n"] = 0
+        sol = og.solve(counted, y0, (0.0, t1), 1.0, solver=solver, step=step, max_steps=8192)
+        jax.block_until_ready(sol.ys)
+        out[type(solver).__name__] = (int(sol.stats["rhs_evals"]), calls["n"])
+        np.testing.assert_allclose(sol.ys[-1], ref, atol=1e-4)
+    for stats_count, real in out.values():  # the stats count every real call (+1: the loop's
+        assert 0 <= real - stats_count <= 1, out  # own f(t0, y0) for the initial step guess)
+    assert 3 * out["ROCK2"][1] <= out["Tsit5"][1], out
+
+
+# -- gradients ------------------------------------------------------------------------------
+
+
+def _loss(solver, step, adjoint, f, t1):
+    def loss(a, y0):
+        sol = og.solve(f, y0, (0.0, t1), a, solver=solver, step=step, adjoint=adjoint)
+        return jnp.sum(sol.ys[-1] ** 2)
+
+    return loss
+
+
+@pytest.mark.parametrize("adjoint", [og.Discrete(), og.Discrete(checkpoints=3)])
+def test_rock2_discrete_gradient_matches_finite_differences(adjoint):
+    f, _, x = heat(32)
+    y0 = smooth_y0(x)
+    loss = _loss(og.ROCK2(), og.Fixed(0.002), adjoint, f, 0.02)
+    g_a, g_y = jax.jit(jax.grad(loss, argnums=(0, 1)))(1.0, y0)
+    eps = 1e-6
+    fd_a = (loss(1.0 + eps, y0) - loss(1.0 - eps, y0)) / (2 * eps)
+    v = jnp.asarray(np.random.default_rng(0).standard_normal(y0.shape))
+    fd_y = (loss(1.0, y0 + eps * v) - loss(1.0, y0 - eps * v)) / (2 * eps)
+    np.testing.assert_allclose(g_a, fd_a, rtol=1e-6)
+    np.testing.assert_allclose(jnp.vdot(g_y, v), fd_y, rtol=1e-6)
+
+
+def test_rock2_interpolating_gradient_close_to_discrete():
+    f, _, x = heat(32)
+    y0 = smooth_y0(x)
+    step = og.Adaptive(rtol=1e-8, atol=1e-8)
+    g = {}
+    for adjoint in (og.Discrete(), og.Interpolating()):
+        loss = _loss(og.ROCK2(), step, adjoint, f, 0.01)
+        g[type(adjoint).__name__] = jax.grad(loss, argnums=(0, 1))(1.0, y0)
+    np.testing.assert_allclose(g["Interpolating"][0], g["Discrete"][0], rtol=1e-4)
+    np.testing.assert_allclose(g["Interpolating"][1], g["Discrete"][1], rtol=1e-4, atol=1e-6)
