@@ -718,12 +718,18 @@ def test_jvp_fixed_dt_all_jit():
     _jvp_vs_vjp("rk4_fixed", "all")
 
 
+def test_jvp_fixed_step_count_int_checkpoints():
+    """Discrete(int) is a custom VJP, which JAX cannot push forward; og.solve then runs the plain
+    loop for forward mode (eagerly: under jit JAX raises only after og.solve has returned)."""
+    _jvp_vs_vjp("rk4_fixed", 5, jit=False)
+
+
 @pytest.mark.xfail(
-    reason="BUG: jax.jvp raises on a static fixed grid with Discrete(checkpoints=int) "
-    "(custom_vjp has no forward rule); DESIGN: forward mode works when the step count is fixed",
+    reason="known limitation: jax.jit(jax.jvp(...)) through a custom-VJP adjoint fails in JAX "
+    "itself after og.solve returns; use Discrete('all') on fixed grids or call jvp eagerly",
     strict=True,
 )
-def test_jvp_fixed_step_count_int_checkpoints():
+def test_jvp_fixed_step_count_int_checkpoints_jit():
     _jvp_vs_vjp("rk4_fixed", 5)
 
 

@@ -93,6 +93,18 @@ class Problem:
         return itemsize * (tree_size(self.y0) + tree_size(st))
 
 
+def call_custom_vjp(custom, plain, *args):
+    """Call a ``jax.custom_vjp`` solve; under forward-mode autodiff (``jax.jvp``, ``jacfwd``),
+    which JAX refuses for a custom VJP, call ``plain`` instead: the plain loops differentiate
+    forward exactly (step sizes as constants) and forward mode never needs stored states."""
+    try:
+        return custom(*args)
+    except TypeError as e:
+        if "forward-mode" not in str(e):
+            raise
+        return plain(*args)
+
+
 class AbstractAdjoint(abc.ABC):
     """How reverse-mode gradients of a solve are computed.
 

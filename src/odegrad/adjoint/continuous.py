@@ -34,7 +34,7 @@ from jax import lax
 from .._loop import LoopOutput, SavePlan, _fill, _set_row, dense_evaluate, while_loop
 from .._step import AbstractStep, Adaptive
 from .._tree import rms_error_ratio, tree_add, tree_scale, tree_zeros_like
-from .base import AbstractAdjoint, Problem
+from .base import AbstractAdjoint, Problem, call_custom_vjp
 
 #: Backsolve flags the reverse pass when the re-integrated state is off by more than this many
 #: forward tolerances at a save time.
@@ -118,7 +118,8 @@ class _Continuous(AbstractAdjoint):
             return self._backward(problem, *res, ct)
 
         solve.defvjp(solve_fwd, solve_bwd)
-        return solve(problem.y0, problem.args_diff)
+        plain = lambda y0, args_diff: split(forward(y0, args_diff))[0]
+        return call_custom_vjp(solve, plain, problem.y0, problem.args_diff)
 
     # -- the right-hand side's VJP: jax.vjp of f, or the user's ---------------------------------
     def _rhs_and_vjp(self, problem: Problem):

@@ -19,7 +19,7 @@ from jax import lax
 
 from .._loop import LoopOutput, save_slots
 from .._tree import tree_add, tree_zeros_like
-from .base import AbstractAdjoint, Problem
+from .base import AbstractAdjoint, Problem, call_custom_vjp
 from .checkpointing import reverse_steps
 
 #: Memory that ``checkpoints=None`` lets the stored states take before it recomputes instead.
@@ -201,7 +201,8 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
         return a_y, a_args
 
     solve.defvjp(solve_fwd, solve_bwd)
-    return solve(problem.y0, problem.args_diff)
+    plain = lambda y0, args_diff: strip(problem.forward(y0, problem.with_args(args_diff)))
+    return call_custom_vjp(solve, plain, problem.y0, problem.args_diff)
 
 
 def _rematerialized(f, partitioned: bool):

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from .._loop import LoopOutput
-from .base import AbstractAdjoint, Problem
+from .base import AbstractAdjoint, Problem, call_custom_vjp
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class Forward(AbstractAdjoint):
             return unravel(total)
 
         solve.defvjp(solve_fwd, solve_bwd)
-        return solve(problem.y0, problem.args_diff)
+        return call_custom_vjp(solve, primal, problem.y0, problem.args_diff)
 
 
 def _input_size(problem: Problem) -> int:

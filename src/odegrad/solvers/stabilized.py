@@ -21,6 +21,11 @@ iterations evaluate ``f``. Caveats: under
 ``jax.vmap`` the ``cond`` becomes a ``select`` and every iteration evaluates ``f``; the reverse
 pass of one step keeps residuals for the full static length.
 
+Stage counts are capped by ``max_stages`` (RKC) or by the largest tabulated degree carried in
+:mod:`._rock_coefficients` (ROCK2: 45 stages, ``dt * rho <~ 1600``; ROCK4: 36 stages,
+``dt * rho <~ 450``); a longer step is not stable: adaptive stepping rejects and shrinks it, a
+fixed step must respect it.
+
 The carried state is ``(f(t, y), rho, v)``; ``f(t1, y1)`` is the next step's first stage and the
 end slope of the cubic Hermite dense output. Each step reports the right-hand-side evaluations
 it really made (stages, the closing ``f(t1, y1)`` and the power-iteration JVPs, one each) as
@@ -187,7 +192,8 @@ class _Stabilized(AbstractSolver):
         raise NotImplementedError
 
     def _advance(self, f, t0, dt, y0, args, f0, h_rho):
-        """``(y1, error_without_f1_terms, f1_coeff, n_evals)``; see subclasses."""
+        """``(y1, error_of, n_evals)``: the new state, ``error_of(f(t1, y1))`` -> the local error
+        estimate, and the evaluations of ``f`` made (the carried ``f(t0, y0)`` excluded)."""
         raise NotImplementedError
 
     # -- the step ----------------------------------------------------------------------------
