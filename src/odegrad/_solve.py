@@ -137,7 +137,7 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
     grid, ts_tau, t0, tau0, tau1 = map(to_jnp, (grid, ts_tau, t0, tau0, tau1))
     plan = SavePlan(fn=fn_tau, ts=ts_tau, steps=saveat.steps, dense=saveat.dense, slots=slots)
     problem = Problem(
-        solver=solver,
+        solver=solver.with_user_args(lambda a: a[0]),
         f=f_args,
         direction=s,
         y0=y0,

@@ -164,6 +164,7 @@ class _Continuous(AbstractAdjoint):
         solver_b = problem.solver if self.solver is None else self.solver
         if solver_b.partitioned:  # the backward state is not a (u, v) pair
             solver_b = _default_explicit(problem)
+        solver_b = solver_b.with_user_args(None)  # user callbacks describe the forward system
         control = self._backward_control(problem)
         points, labels, count = self._breakpoints(problem, keep)
         segments = self._segment_plan(problem, y0, args_diff, keep)

@@ -59,6 +59,13 @@ class AbstractSolver(abc.ABC):
     def interpolate(self, dense, theta) -> PyTree:
         """The state at ``t0 + theta * dt``, ``0 <= theta <= 1``, from one step's ``dense``."""
 
+    def with_user_args(self, user_args) -> AbstractSolver:
+        """This solver for internal use, where ``f`` receives odegrad's extended ``args``:
+        ``user_args(args)`` recovers the user's. Solvers that call user functions taking
+        ``args`` (e.g. a spectral-radius bound) wrap them here; ``user_args=None`` means the
+        solver integrates some other system (a backward adjoint) and must drop them."""
+        return self
+
     @property
     def adaptive(self) -> bool:
         return self.embedded_order is not None

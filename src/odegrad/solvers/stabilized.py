@@ -22,8 +22,8 @@ iterations evaluate ``f``. Caveats: under
 pass of one step keeps residuals for the full static length.
 
 Stage counts are capped by ``max_stages`` (RKC) or by the largest tabulated degree carried in
-:mod:`._rock_coefficients` (ROCK2: 45 stages, ``dt * rho <~ 1600``; ROCK4: 36 stages,
-``dt * rho <~ 450``); a longer step is not stable: adaptive stepping rejects and shrinks it, a
+:mod:`._rock_coefficients` (ROCK2: 68 stages, ``dt * rho <~ 3700``; ROCK4: 54 stages,
+``dt * rho <~ 1000``); a longer step is not stable: adaptive stepping rejects and shrinks it, a
 fixed step must respect it.
 
 The carried state is ``(f(t, y), rho, v)``; ``f(t1, y1)`` is the next step's first stage and the
@@ -166,6 +166,21 @@ class _Stabilized(AbstractSolver):
         self.init_evals = 1 + (0 if spectral_radius is not None else self.init_power_iters)
         # static upper bound (the loops use the per-step ``StepResult.evals`` instead)
         self.step_evals = self.max_stages + (0 if spectral_radius is not None else power_iters)
+
+    def with_user_args(self, user_args):
+        if self.spectral_radius is None:
+            return self
+        import copy
+
+        solver = copy.copy(self)
+        if user_args is None:  # another system: estimate its spectrum by power iteration
+            solver.spectral_radius = None
+            solver.init_evals = 1 + self.init_power_iters
+            solver.step_evals = self.max_stages + self.power_iters
+            return solver
+        bound = self.spectral_radius
+        solver.spectral_radius = lambda t, y, args: bound(t, y, user_args(args))
+        return solver
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
