@@ -93,10 +93,59 @@ def test_stability_interval(solver):
         st = s.init(lambda t, y, a: a * y, 0.0, y0, lam)
         return s.step(lambda t, y, a: a * y, 0.0, 1.0, y0, lam, st).y1
 
-    ys = jax.jit(jax.vmap(amp))(jnp.asarray(lams))
-    cap = s.beta * s.max_stages**2
-    ok = -lams < 0.95 * cap
-    assert np.all(np.abs(np.asarray(ys)[ok]) <= 1.0 + 1e-12)
+    ys = np.asarray(jax.jit(jax.vmap(amp))(jnp.asarray(lams)))
+    h_rho = s.safety * -lams  # the rho the solver sees includes the safety factor
+    ok = h_rho <= s.stability_limit
+    assert np.all(np.abs(ys[ok]) <= 1.0 + 1e-12)
+    # beyond the largest degree the step fails (NaN) instead of silently going unstable
+    assert np.all(np.isnan(ys[h_rho > s.stability_limit * 1.001]))
+
+
+def test_rock2_carries_every_published_degree():
+    assert tuple(sorted(rc.ROCK2)) == rc.ROCK2_MS_PUBLISHED
+    s = og.ROCK2()
+    assert s.max_stages == 200 and s.stability_limit > 32000
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_max_step_is_stability_limit_over_rho(solver):
+    s = solver(spectral_radius=lambda t, y, a: 1e4)
+    st = s.init(lambda t, y, a: -1e4 * y, 0.0, jnp.ones(3), None)
+    np.testing.assert_allclose(s.max_step(st), s.stability_limit / (s.safety * 1e4), rtol=1e-12)
+    assert og.Tsit5().max_step(None) is None  # the base-class default: no cap
+
+
+def test_adaptive_steps_clipped_to_max_step():
+    """Stiff decay over a long span: the error controller wants ever longer steps; without the
+    cap it proposes steps past the largest degree that are rejected (~100 here, 3.7x the
+    evaluations); with it every step is within the limit and it reaches the limit."""
+    lam = 1e6
+    f = lambda t, y, a: -lam * y
+    s = og.ROCK2(spectral_radius=lambda t, y, a: lam)
+    sol = og.solve(
+        f, jnp.ones(2), (0.0, 1.0), None, solver=s, step=og.Adaptive(rtol=1e-4, atol=1e-6),
+        saveat=og.SaveAt(steps=True), max_steps=4096,
+    )  # fmt: skip
+    assert int(sol.result) == 0
+    ts = np.asarray(sol.ts)
+    dts = np.diff(np.concatenate([[0.0], ts[np.isfinite(ts)]]))
+    h_max = s.stability_limit / (s.safety * lam)
+    assert h_max * 0.99 <= dts.max() <= h_max * (1 + 1e-9)
+    assert int(sol.stats["rejected"]) <= 10, sol.stats
+
+
+@pytest.mark.parametrize("step", [og.Fixed(0.5), og.StepTo(jnp.linspace(0.0, 1.0, 3))])
+def test_fixed_step_beyond_stability_limit_fails(step):
+    lam = 1e5  # dt * rho = 6e4 > ROCK2's limit (~3.2e4)
+    f = lambda t, y, a: -lam * y
+    s = og.ROCK2(spectral_radius=lambda t, y, a: lam)
+    with pytest.raises(RuntimeError):
+        og.solve(f, jnp.ones(2), (0.0, 1.0), None, solver=s, step=step)
+    sol = og.solve(f, jnp.ones(2), (0.0, 1.0), None, solver=s, step=step, throw=False)
+    assert int(sol.result) != 0 and not np.all(np.isfinite(np.asarray(sol.ys)))
+    # within the limit the same problem is stable
+    ok = og.solve(f, jnp.ones(2), (0.0, 1.0), None, solver=s, step=og.Fixed(0.25))
+    assert int(ok.result) == 0 and np.all(np.abs(np.asarray(ok.ys)) <= 1.0)
 
 
 # -- orders, accuracy, stage counts ---------------------------------------------------------

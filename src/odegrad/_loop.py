@@ -282,7 +282,8 @@ def while_loop(
         t, y, st = c["t"], c["y"], c["st"]
         remaining = tau1 - t
         if adaptive:
-            h = jnp.minimum(c["h"], remaining)
+            cap = solver.max_step(st)  # a solver's stable step limit (stabilized.py), or None
+            h = jnp.minimum(c["h"] if cap is None else jnp.minimum(c["h"], cap), remaining)
         else:
             h = jnp.where(c["acc"] + 1 >= control.n, remaining, tau0 + (c["acc"] + 1) * c["h"] - t)
         last = h >= remaining

@@ -369,7 +369,8 @@ class Interpolating(_Continuous):
             take ``c`` states and then re-solves one segment at a time, holding one segment's
             dense output: memory ``c`` states plus ``ceil(steps / c)`` steps.
         vjp: ``vjp(t, y, args, cotangent) -> (ct_y, ct_args)``; default ``jax.vjp`` of ``f``.
-        solver, step: for the backward solve; default the forward ones.
+        solver: the backward solver; default the forward one.
+        step: the backward step control; default the forward one.
 
     Example:
         >>> jax.grad(loss)(params)   # loss calls og.solve(..., adjoint=og.Interpolating())

@@ -66,6 +66,11 @@ class AbstractSolver(abc.ABC):
         solver integrates some other system (a backward adjoint) and must drop them."""
         return self
 
+    def max_step(self, state):
+        """The largest stable step size ``|dt|`` for the next step from the carried ``state``, or
+        ``None`` (no limit; the default). The adaptive loop clips its proposed steps to it."""
+        return None
+
     @property
     def adaptive(self) -> bool:
         return self.embedded_order is not None

@@ -22,9 +22,12 @@ iterations evaluate ``f``. Caveats: under
 pass of one step keeps residuals for the full static length.
 
 Stage counts are capped by ``max_stages`` (RKC) or by the largest tabulated degree carried in
-:mod:`._rock_coefficients` (ROCK2: 68 stages, ``dt * rho <~ 3700``; ROCK4: 54 stages,
-``dt * rho <~ 1000``); a longer step is not stable: adaptive stepping rejects and shrinks it, a
-fixed step must respect it.
+:mod:`._rock_coefficients` (ROCK2: 200 stages, ``dt * rho <~ 32400``; ROCK4: 54 stages,
+``dt * rho <~ 1000``), which bounds the stable ``dt * rho`` by :attr:`_Stabilized.stability_limit`
+(``rho`` with the safety factor). An adaptive solve clips its steps to ``stability_limit / rho``
+(:meth:`_Stabilized.max_step`, the solver hook the loop reads). A longer step (a fixed step,
+``og.Fixed`` / ``og.StepTo``) is not stable and is not taken silently: its ``y1`` is NaN, so the
+solve fails with ``Result.nonfinite`` (an error with ``throw=True``).
 
 The carried state is ``(f(t, y), rho, v)``; ``f(t1, y1)`` is the next step's first stage and the
 end slope of the cubic Hermite dense output. Each step reports the right-hand-side evaluations
@@ -206,6 +209,19 @@ class _Stabilized(AbstractSolver):
         """Total stages (``f`` evaluations, the carried first stage included) for ``|dt|*rho``."""
         raise NotImplementedError
 
+    @property
+    def stability_limit(self) -> float:
+        """The largest ``|dt| * rho`` the stage rule covers with the stages the method carries
+        (``rho`` including the safety factor); a longer step would need more stages."""
+        raise NotImplementedError
+
+    def max_step(self, state):
+        """``stability_limit / rho`` (``inf`` while ``rho`` is 0): the adaptive loop's step cap."""
+        rho = state[1]
+        ok = rho > 0
+        cap = jnp.asarray(self.stability_limit, rho.dtype) / jnp.where(ok, rho, 1.0)
+        return lax.stop_gradient(jnp.where(ok, cap, jnp.inf))
+
     def _advance(self, f, t0, dt, y0, args, f0, h_rho):
         """``(y1, error_of, n_evals)``: the new state, ``error_of(f(t1, y1))`` -> the local error
         estimate, and the evaluations of ``f`` made (the carried ``f(t0, y0)`` excluded)."""
@@ -216,6 +232,12 @@ class _Stabilized(AbstractSolver):
         f0, rho, v = state
         h_rho = lax.stop_gradient(jnp.abs(dt) * rho)
         y1, err_of, n_evals = self._advance(f, t0, dt, y0, args, f0, h_rho)
+        # a step beyond the stability limit (a too-long fixed step) fails instead of silently
+        # going unstable: NaN makes the loops report Result.nonfinite (adaptive ones reject it)
+        unstable = h_rho > self.stability_limit * (1.0 + 1e-5)
+        y1 = jax.tree.map(
+            lambda x: jnp.where(unstable, jnp.nan, x) if is_inexact_array(x) else x, y1
+        )
         t1 = t0 + dt
         f1 = f(t1, y1, args)
         error = err_of(f1)
@@ -255,6 +277,11 @@ class RKC(_Stabilized):
     def __init__(self, spectral_radius=None, *, max_stages: int = 100, **kw):
         self.max_stages = int(max_stages)
         super().__init__(spectral_radius, **kw)
+
+    @property
+    def stability_limit(self) -> float:
+        # s = 1 + floor(sqrt(1 + 1.54 h_rho)) <= max_stages
+        return (self.max_stages**2 - 1) / 1.54
 
     def stage_count(self, h_rho):
         s = 1 + jnp.floor(jnp.sqrt(1.0 + 1.54 * h_rho))
@@ -411,6 +438,11 @@ class ROCK2(_ROCK):
     _table = _rc.ROCK2
     _stage_extra = 2
 
+    @property
+    def stability_limit(self) -> float:
+        # the degree rule below picks a carried degree while h_rho < 0.811 (ms_max + 2)**2 - 1.5
+        return 0.811 * self.max_stages**2 - 1.5
+
     def _degree_index(self, h_rho):
         mdeg = jnp.floor(jnp.sqrt((1.5 + h_rho) / 0.811)) + 1
         need = jnp.maximum(mdeg, 3) - 2
@@ -447,6 +479,11 @@ class ROCK4(_ROCK):
     beta = 0.353
     _table = _rc.ROCK4
     _stage_extra = 4
+
+    @property
+    def stability_limit(self) -> float:
+        # the degree rule below picks a carried degree while h_rho < 0.353 (ms_max + 4)**2 - 3
+        return 0.353 * self.max_stages**2 - 3.0
 
     def _degree_index(self, h_rho):
         mdeg = jnp.floor(jnp.sqrt((3.0 + h_rho) / 0.353)) + 1

@@ -1,0 +1,66 @@
+"""The documentation builds cleanly (``mkdocs build --strict``) and the examples it walks
+through run (``python examples/<name>.py --quick``), each in a subprocess from the repo root."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE_TIMEOUT_S = 300
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["NO_MKDOCS_2_WARNING"] = "1"  # mkdocs-material's end-of-life banner
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_mkdocs_build_strict(tmp_path):
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip(
+            "mkdocs is not installed: pip install mkdocs-material 'mkdocstrings[python]' "
+            "(both are in the `test` extra)"
+        )
+    proc = _run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "site" / "api" / "index.html").is_file()
+
+
+def _run_example(name: str) -> str:
+    proc = _run([sys.executable, str(ROOT / "examples" / name), "--quick"], EXAMPLE_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_example_mixed_state_gpu():
+    """Seed 000 (about 20 s on 2 CPU cores)."""
+    out = _run_example("mixed_state_gpu.py")
+    assert "largest relative difference between adjoints" in out
+
+
+def test_example_diffusion3d():
+    """Seed 001 (about 11 s on 2 CPU cores)."""
+    out = _run_example("diffusion3d.py")
+    assert "finite differences" in out
+
+
+def test_example_wave_scan_parity():
+    """Seed 004 (a few seconds)."""
+    out = _run_example("wave_scan_parity.py")
+    assert "max |gradient difference|" in out
