@@ -306,7 +306,10 @@ def while_loop(
         drop = jnp.where(accept, acc, max_steps)  # row index, out of range when rejected
         new = dict(c)
         if plan.ts is not None:
-            j_end = jnp.where(accept, jnp.searchsorted(plan.ts, t_new, side="right"), c["j"])
+            # one vectorised comparison, not a binary-search loop, for the usual few save times
+            method = "compare_all" if plan.ts.shape[0] <= 1024 else "scan"
+            j_end = jnp.searchsorted(plan.ts, t_new, side="right", method=method)
+            j_end = jnp.where(accept, j_end, c["j"])
             new["j"], new["ts_buf"] = save_in_step(
                 plan, solver, args, t, h, res.dense, c["ts_buf"], c["j"], j_end
             )
