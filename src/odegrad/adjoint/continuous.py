@@ -6,7 +6,9 @@ For ``dy/dt = f(t, y, p)`` and a loss of saved values, the adjoint ``a = dL/dy``
 The methods differ only in where the backward pass gets ``y(t)`` and how it integrates ``dL/dp``:
 
 * :class:`Interpolating` — from the forward dense output; with ``checkpoints=c`` the forward keeps
-  nothing but step sizes, and the backward pass re-solves ``c`` segments from ``c`` states;
+  nothing but step sizes, and the backward pass gets the forward states step by step, last first,
+  from ``c`` checkpoints under the binomial schedule of :mod:`~odegrad.adjoint.checkpointing`,
+  re-taking each step to read its dense output: memory ``c`` states plus one step;
 * :class:`Quadrature` — like Interpolating, but ``dL/dp`` is a Gauss–Legendre quadrature on each
   backward step, so the backward ODE carries only ``a`` (the "Gauss adjoint");
 * :class:`Backsolve` — ``y`` re-integrated backwards together with ``a``; O(1) memory but unstable
@@ -31,10 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._loop import LoopOutput, SavePlan, _fill, _set_row, dense_evaluate, while_loop
+from .._loop import LoopOutput, SavePlan, dense_evaluate, save_slots, while_loop
 from .._step import AbstractStep, Adaptive
 from .._tree import rms_error_ratio, tree_add, tree_scale, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
+from .checkpointing import reverse_steps
 
 #: Backsolve flags the reverse pass when the re-integrated state is off by more than this many
 #: forward tolerances at a save time.
@@ -70,11 +73,8 @@ class _Continuous(AbstractAdjoint):
     solver: Any = None
     step: AbstractStep | None = None
 
-    source = "dense"  # where y(t) comes from: "dense", "segments" or "backsolve"
+    source = "dense"  # where y(t) comes from: "dense", "steps" (recomputed) or "backsolve"
     quadrature = False  # dL/dp by quadrature on each backward step instead of as a state
-
-    def _segments(self) -> int | None:
-        return None
 
     # -- forward ----------------------------------------------------------------------------------
     def run(self, problem: Problem) -> LoopOutput:
@@ -167,13 +167,12 @@ class _Continuous(AbstractAdjoint):
         solver_b = solver_b.with_user_args(None)  # user callbacks describe the forward system
         control = self._backward_control(problem)
         points, labels, count = self._breakpoints(problem, keep)
-        segments = self._segment_plan(problem, y0, args_diff, keep)
         tdtype = points.dtype
 
         def y_from_source(c, p):
             if self.source == "backsolve":
                 return c["y"]
-            dense = keep["dense"] if segments is None else c["local"]
+            dense = keep["dense"] if self.source == "dense" else c["local"]
             return dense_evaluate(problem.solver, dense, p)
 
         def rhs_for(c):
@@ -207,10 +206,11 @@ class _Continuous(AbstractAdjoint):
 
         def jump(i, c):
             """At breakpoint i: reset y (Backsolve), then add the saved value's cotangent."""
-            label = labels[i]
-            p = points[i]
+            return jump_at(points[i], labels[i], c)
+
+        def jump_at(p, label, c):
             if self.source == "backsolve":
-                c = self._reset(c, i, label, p, count, problem, y0, keep)
+                c = self._reset(c, label, problem, keep)
             if plan.ts is None and not plan.steps:
                 return c
             rows = ct.ts_ys if plan.ts is not None else ct.steps_ys
@@ -265,20 +265,66 @@ class _Continuous(AbstractAdjoint):
             if problem.progress is not None:
                 problem.progress.backward.every(k + 1, count - 1, (k + 1) / (count - 1))
             hi, lo = points[i], points[i - 1]
-            if segments is not None:
-                c = segments.ensure(c, 0.5 * (hi + lo))
             c = jump(i, c)
             return lax.cond(hi > lo, lambda c_: integrate(c_, hi, lo), lambda c_: c_, c)
 
         carry = {"a": ct.y1, "g": tree_zeros_like(args_diff), "drift": jnp.zeros((), tdtype)}
+        if self.source == "steps":
+            return self._backward_by_steps(
+                problem, y0, args_diff, keep, ct, carry, jump_at, integrate
+            )
         if self.source == "backsolve":
             carry["y"] = keep["y1"]
-        if segments is not None:
-            carry.update(segments.init_carry())
         carry = lax.fori_loop(0, count - 1, interval, carry)
         carry = jump(0, carry)
         if self.source == "backsolve":
             _report_drift(carry["drift"], self.on_drift)
+        return carry["a"], carry["g"]
+
+    def _backward_by_steps(self, problem, y0, args_diff, keep, ct, carry, jump_at, integrate):
+        """Interpolating(checkpoints=c): reverse the forward steps under binomial checkpointing;
+        each reverse step re-takes forward step k for its dense output and integrates the adjoint
+        across it, jumping at the save times inside."""
+        plan = problem.plan
+        if problem.grid is not None:
+            starts, n = problem.grid, problem.grid.shape[0] - 1
+            sizes = starts[1:] - starts[:-1]
+        else:
+            starts, sizes, n = keep["starts"], keep["sizes"], keep["n"]
+        if plan.ts is not None:
+            j_start, j_count = save_slots(starts, plan.ts, sizes.shape[0])
+        args = problem.with_args(args_diff)
+
+        def advance(k, x):
+            res = problem.step(starts[k], sizes[k], x[0], args, x[1])
+            return res.y1, res.state
+
+        def backward(k, x, c):
+            if problem.progress is not None:
+                problem.progress.backward.every(k, n, 1 - k / n)
+            res = problem.step(starts[k], sizes[k], x[0], args, x[1])
+            one = jax.tree.map(lambda d: d[None], res.dense)
+            c = {**c, "local": (starts[k][None], sizes[k][None], one, 1)}
+            hi = starts[k + 1]
+            if plan.steps:  # row k saved the state at the end of step k
+                c = jump_at(hi, k, c)
+            if plan.ts is not None:
+
+                def sub(m, ch):
+                    c_, hi_ = ch
+                    j = j_start[k] + j_count[k] - 1 - m
+                    p = plan.ts[j]
+                    c_ = lax.cond(hi_ > p, lambda z: integrate(z, hi_, p), lambda z: z, c_)
+                    return jump_at(p, j, c_), p
+
+                c, hi = lax.fori_loop(0, j_count[k], sub, (c, hi))
+            lo = starts[k]
+            c = lax.cond(hi > lo, lambda z: integrate(z, hi, lo), lambda z: z, c)
+            c.pop("local")
+            return c
+
+        x0 = (y0, problem.init_state(y0, args))
+        carry = reverse_steps(advance, backward, n, x0, carry, int(self.checkpoints))
         return carry["a"], carry["g"]
 
     # -- pieces the subclasses change --------------------------------------------------------------
@@ -286,7 +332,6 @@ class _Continuous(AbstractAdjoint):
         """Times where the backward solve stops (ascending forward time), the save index at each
         (-1: none), and how many there are."""
         plan = problem.plan
-        extra = self._extra_breakpoints(problem, keep)
         if problem.grid is not None:
             base = problem.grid
             lab = (jnp.arange(base.shape[0]) - 1) if plan.steps else jnp.full(base.shape, -1)
@@ -300,8 +345,6 @@ class _Continuous(AbstractAdjoint):
         pieces = [(base, lab)]
         if plan.ts is not None:
             pieces.append((plan.ts, jnp.arange(plan.ts.shape[0])))
-        if extra is not None:
-            pieces.append((extra, jnp.full(extra.shape, -1)))
         padded = problem.grid is None and (plan.steps or not isinstance(problem.control, Adaptive))
         if len(pieces) == 1 and not padded:
             return base, lab, base.shape[0]
@@ -316,12 +359,6 @@ class _Continuous(AbstractAdjoint):
         if padded:
             count = jnp.sum(jnp.isfinite(pts))
         return pts[order], labs[order], count
-
-    def _extra_breakpoints(self, problem, keep):
-        return None
-
-    def _segment_plan(self, problem, y0, args_diff, keep):
-        return None
 
     def _backward_control(self, problem: Problem):
         base = self.step
@@ -365,9 +402,9 @@ class Interpolating(_Continuous):
 
     Args:
         checkpoints: ``None`` keeps the dense output of every forward step. An int ``c`` keeps
-            only the step sizes in the forward pass; the backward pass replays the steps once to
-            take ``c`` states and then re-solves one segment at a time, holding one segment's
-            dense output: memory ``c`` states plus ``ceil(steps / c)`` steps.
+            only the step sizes in the forward pass; the backward pass obtains the forward states
+            last-first from ``c`` checkpoints on a binomial (revolve) schedule and re-takes each
+            step for its dense output: memory ``c`` states plus one step, whatever the step count.
         vjp: ``vjp(t, y, args, cotangent) -> (ct_y, ct_args)``; default ``jax.vjp`` of ``f``.
         solver: the backward solver; default the forward one.
         step: the backward step control; default the forward one.
@@ -388,17 +425,7 @@ class Interpolating(_Continuous):
 
     @property
     def source(self):  # type: ignore[override]
-        return "dense" if self.checkpoints is None else "segments"
-
-    def _extra_breakpoints(self, problem, keep):
-        if self.checkpoints is None:
-            return None
-        return _SegmentReplay(self, problem, None, None, keep).bounds()
-
-    def _segment_plan(self, problem, y0, args_diff, keep):
-        if self.checkpoints is None:
-            return None
-        return _SegmentReplay(self, problem, y0, args_diff, keep)
+        return "dense" if self.checkpoints is None else "steps"
 
 
 @dataclass(frozen=True)
@@ -434,7 +461,7 @@ class Backsolve(_Continuous):
         if self.on_drift not in ("raise", "warn"):
             raise ValueError(f"Backsolve(on_drift={self.on_drift!r}): use 'raise' or 'warn'.")
 
-    def _reset(self, c, i, label, p, count, problem, y0, keep):
+    def _reset(self, c, label, problem, keep):
         plan = problem.plan
         stored, has = None, None
         if plan.ts is not None and keep["ts_y"] is not None:
@@ -453,88 +480,3 @@ class Backsolve(_Continuous):
         drift = jnp.where(has, jnp.maximum(c["drift"], ratio), c["drift"])
         y = jax.tree.map(lambda a, b: jnp.where(has, b, a), c["y"], stored)
         return {**c, "y": y, "drift": drift}
-
-
-class _SegmentReplay:
-    """Interpolating(checkpoints=c): replay the recorded steps, keep c states, re-solve segments.
-
-    Segment ``j`` covers steps ``[j L, (j + 1) L)`` with ``L = ceil(n / c)``; its dense output is
-    rebuilt (``L`` rows) when the backward pass enters it.
-    """
-
-    def __init__(self, adj, problem: Problem, y0, args_diff, keep):
-        self.c = adj.checkpoints
-        self.problem, self.y0, self.args_diff, self.keep = problem, y0, args_diff, keep
-        if problem.grid is not None:
-            self.starts = problem.grid
-            self.sizes = problem.grid[1:] - problem.grid[:-1]
-            self.n = problem.grid.shape[0] - 1
-            bound = self.n
-        else:
-            self.starts, self.sizes, self.n = keep["starts"], keep["sizes"], keep["n"]
-            bound = problem.max_steps
-        self.rows = -(-bound // self.c)
-        self.length = jnp.maximum(1, -(-jnp.asarray(self.n) // self.c))
-
-    def bounds(self):
-        """Forward times of the segment ends (breakpoints of the backward solve)."""
-        idx = jnp.minimum(jnp.arange(1, self.c) * self.length, self.n)
-        return self.starts[idx]
-
-    def _step(self, k, y, st):
-        pr = self.problem
-        return pr.step(self.starts[k], self.sizes[k], y, pr.with_args(self.args_diff), st)
-
-    def init_carry(self):
-        pr = self.problem
-        st0 = pr.init_state(self.y0, pr.with_args(self.args_diff))
-        ck = _fill((self.y0, st0), self.c, 0.0)
-
-        def body(k, c):
-            y, st, buf = c
-            slot = jnp.where(k % self.length == 0, k // self.length, self.c)
-            buf = _set_row(buf, slot, (y, st))
-            res = self._step(k, y, st)
-            return res.y1, res.state, buf
-
-        _, _, ck = lax.fori_loop(0, self.n, body, (self.y0, st0, ck))
-        dense_row = jax.eval_shape(lambda: self._step(0, self.y0, st0).dense)
-        local = (
-            jnp.full((self.rows,), jnp.inf, self.starts.dtype),
-            jnp.ones((self.rows,), self.starts.dtype),
-            _fill(dense_row, self.rows, 0.0),
-            jnp.asarray(1, jnp.int32),
-        )
-        return {"checkpoints": ck, "segment": jnp.asarray(-1, jnp.int32), "local": local}
-
-    def ensure(self, c, p):
-        """Rebuild the dense output of the segment containing forward time ``p`` if needed."""
-        k = jnp.clip(jnp.searchsorted(self.starts, p, side="right") - 1, 0, self.n - 1)
-        seg = (k // self.length).astype(jnp.int32)
-
-        def rebuild(c):
-            y, st = jax.tree.map(lambda b: b[seg], c["checkpoints"])
-            first = seg * self.length
-            last = jnp.minimum(first + self.length, self.n)
-            starts, sizes, data, _ = c["local"]
-
-            def body(i, carry):
-                y, st, starts, sizes, data = carry
-                k = first + i
-                res = self._step(k, y, st)
-                return (
-                    res.y1,
-                    res.state,
-                    starts.at[i].set(self.starts[k]),
-                    sizes.at[i].set(self.sizes[k]),
-                    _set_row(data, i, res.dense),
-                )
-
-            starts = jnp.full_like(starts, jnp.inf)
-            _, _, starts, sizes, data = lax.fori_loop(
-                0, last - first, body, (y, st, starts, sizes, data)
-            )
-            count = (last - first).astype(jnp.int32)
-            return {**c, "segment": seg, "local": (starts, sizes, data, count)}
-
-        return lax.cond(seg != c["segment"], rebuild, lambda c: c, c)
