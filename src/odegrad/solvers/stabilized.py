@@ -415,8 +415,21 @@ class _ROCK(_Stabilized):
             jnp.asarray(kappa, dtype),
         )
 
+    beta: float
+    _rho_offset: float
+
+    @property
+    def stability_limit(self) -> float:
+        # the degree rule below picks a carried degree while h_rho < beta s_max^2 - offset
+        return self.beta * self.max_stages**2 - self._rho_offset
+
     def _degree_index(self, h_rho):
-        raise NotImplementedError
+        """The published codes' rule: ``s = floor(sqrt((offset + h rho) / beta)) + 1`` stages,
+        rounded up to a tabulated recurrence degree."""
+        stages = jnp.floor(jnp.sqrt((self._rho_offset + h_rho) / self.beta)) + 1
+        need = jnp.maximum(stages, self._stage_extra + 1) - self._stage_extra
+        idx = jnp.searchsorted(jnp.asarray(self.degrees), need.astype(jnp.int32), side="left")
+        return jnp.minimum(idx, len(self.degrees) - 1)
 
     def stage_count(self, h_rho):
         idx = self._degree_index(h_rho)
@@ -435,19 +448,9 @@ class ROCK2(_ROCK):
     order = 2
     embedded_order = 1
     beta = 0.811
+    _rho_offset = 1.5  # the published codes' degree rule: sqrt((offset + h rho) / beta) + 1
     _table = _rc.ROCK2
     _stage_extra = 2
-
-    @property
-    def stability_limit(self) -> float:
-        # the degree rule below picks a carried degree while h_rho < 0.811 (ms_max + 2)**2 - 1.5
-        return 0.811 * self.max_stages**2 - 1.5
-
-    def _degree_index(self, h_rho):
-        mdeg = jnp.floor(jnp.sqrt((1.5 + h_rho) / 0.811)) + 1
-        need = jnp.maximum(mdeg, 3) - 2
-        idx = jnp.searchsorted(jnp.asarray(self.degrees), need.astype(jnp.int32), side="left")
-        return jnp.minimum(idx, len(self.degrees) - 1)
 
     def _advance(self, f, t0, dt, y0, args, f0, h_rho):
         tdt = jnp.result_type(dt)
@@ -477,19 +480,9 @@ class ROCK4(_ROCK):
     order = 4
     embedded_order = 3
     beta = 0.353
+    _rho_offset = 3.0
     _table = _rc.ROCK4
     _stage_extra = 4
-
-    @property
-    def stability_limit(self) -> float:
-        # the degree rule below picks a carried degree while h_rho < 0.353 (ms_max + 4)**2 - 3
-        return 0.353 * self.max_stages**2 - 3.0
-
-    def _degree_index(self, h_rho):
-        mdeg = jnp.floor(jnp.sqrt((3.0 + h_rho) / 0.353)) + 1
-        need = jnp.maximum(mdeg, 5) - 4
-        idx = jnp.searchsorted(jnp.asarray(self.degrees), need.astype(jnp.int32), side="left")
-        return jnp.minimum(idx, len(self.degrees) - 1)
 
     def _advance(self, f, t0, dt, y0, args, f0, h_rho):
         tdt = jnp.result_type(dt)
