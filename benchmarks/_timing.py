@@ -258,3 +258,66 @@ def environment() -> str:
         f"python {platform.python_version()}, {os.cpu_count()} CPU cores, x64="
         f"{jax.config.jax_enable_x64}, {load_average()}"
     )
+
+
+# --- machine-readable results (``--json PATH``), aggregated by ``python -m odegrad bench`` ----
+
+#: The libraries the summary of ``python -m odegrad bench`` puts side by side, in this order.
+LIBRARIES = ("odegrad", "lax.scan", "diffrax", "torchdiffeq")
+
+
+def result_row(
+    problem: str,
+    method: str,
+    library: str,
+    forward: Timing | float | None = None,
+    gradient: Timing | float | None = None,
+    compile_forward: Compiled | float | None = None,
+    compile_gradient: Compiled | float | None = None,
+) -> dict:
+    """One key row of a benchmark for ``--json``: seconds per call (the median of a
+    :class:`Timing`, or a given number) and cold compile seconds (trace+lower + XLA compile)."""
+    if library not in LIBRARIES:
+        raise ValueError(f"library {library!r} is not one of {LIBRARIES}")
+
+    def secs(x):
+        if x is None:
+            return None
+        if isinstance(x, Timing):
+            return x.median
+        if isinstance(x, Compiled):
+            return x.total_s
+        return float(x)
+
+    return {
+        "problem": problem,
+        "method": method,
+        "library": library,
+        "forward_s": secs(forward),
+        "gradient_s": secs(gradient),
+        "compile_forward_s": secs(compile_forward),
+        "compile_gradient_s": secs(compile_gradient),
+    }
+
+
+def write_json(
+    path: str | None, benchmark: str, rows: Sequence[dict], settings: str = "", notes=()
+) -> None:
+    """Write ``rows`` (:func:`result_row`) to ``path`` as JSON; nothing when ``path`` is None."""
+    if not path:
+        return
+    import json
+
+    doc = {
+        "schema": 1,
+        "benchmark": benchmark,
+        "environment": environment(),
+        "settings": settings,
+        "rows": list(rows),
+        "notes": list(notes),
+    }
+    dirname = os.path.dirname(os.path.abspath(path))
+    os.makedirs(dirname, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, ensure_ascii=False)
+        f.write("\n")

@@ -17,7 +17,15 @@ import jax
 import jax.numpy as jnp
 
 import odegrad as og
-from _timing import fmt_ratio, fmt_time, interleaved_medians, markdown_table, warm_up_jax
+from _timing import (
+    fmt_ratio,
+    fmt_time,
+    interleaved_medians,
+    markdown_table,
+    result_row,
+    warm_up_jax,
+    write_json,
+)
 from odegrad.problems import diffusion3d
 
 
@@ -43,8 +51,12 @@ def run_size(n, dtype, rounds, args):
     def loss(T0, a):
         return jnp.sum(forward(T0, a)[0] ** 2)
 
+    t0 = time.perf_counter()
     fwd = jax.jit(forward).lower(p.T0, pars).compile()
+    t1 = time.perf_counter()
     grad = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p.T0, pars).compile()
+    compile_grad_s = time.perf_counter() - t1
+    compile_s = {"forward": t1 - t0}
     evals = int(fwd(p.T0, pars)[1])
     fns = {
         "copy": lambda: copy(p.T0),
@@ -56,6 +68,7 @@ def run_size(n, dtype, rounds, args):
         import diffrax as dfx
 
         term = dfx.ODETerm(p.rhs)
+        t0 = time.perf_counter()
         dfx_fwd = (
             jax.jit(
                 lambda T0, a: (
@@ -75,6 +88,7 @@ def run_size(n, dtype, rounds, args):
             .lower(p.T0, pars)
             .compile()
         )
+        compile_s["diffrax"] = time.perf_counter() - t0
         fns["diffrax Tsit5 forward"] = lambda: dfx_fwd(p.T0, pars)
     t = interleaved_medians(fns, rounds, 1, budget_s=60)
     t_copy = t["copy"].best
@@ -103,6 +117,35 @@ def run_size(n, dtype, rounds, args):
         rows.append(["diffrax Tsit5 forward", fmt_time(t["diffrax Tsit5 forward"].best), "", ""])
     print(f"\n### {n}^3, {jnp.dtype(dtype).name}, {args.tol:g} (best of {rounds})\n")
     print(markdown_table(["what", "time", "T_eff", "T_eff / T_copy"], rows))
+    problem = f"diffusion3d {n}^3 ROCK2"
+    teff = (3 * field * evals / t["forward"].best) / (2 * field / t_copy)
+    out = [
+        result_row(
+            problem,
+            "odegrad ROCK2 Auto()",
+            "odegrad",
+            t["forward"].best,
+            t["gradient"].best,
+            compile_s["forward"],
+            compile_grad_s,
+        )
+    ]
+    if "diffrax Tsit5 forward" in t:
+        out.append(
+            result_row(
+                problem,
+                "diffrax Tsit5 (forward only)",
+                "diffrax",
+                t["diffrax Tsit5 forward"].best,
+                None,
+                compile_s["diffrax"],
+            )
+        )
+    note = (
+        f"{problem}: ROCK2 forward T_eff / T_copy = {teff:.2f} ({evals} rhs evals, best of "
+        f"{rounds}); diffrax runs Tsit5, forward only"
+    )
+    return out, note
 
 
 def evals_comparison(dtype, args):
@@ -143,15 +186,23 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--no-diffrax", dest="diffrax", action="store_false")
+    ap.add_argument("--json", default=None, help="write the key rows (largest size) to this file")
     args = ap.parse_args()
     warm_up_jax()
     dtype = jnp.dtype(args.dtype)
     if dtype == jnp.float64:
         jax.config.update("jax_enable_x64", True)
     sizes = [32, 48] if args.quick else args.sizes
-    for n in sizes:
-        run_size(n, dtype, 3 if args.quick else 5, args)
+    results = [run_size(n, dtype, 3 if args.quick else 5, args) for n in sizes]
     evals_comparison(dtype, args)
+    rows, note = results[-1]  # the largest size
+    write_json(
+        args.json,
+        "diffusion3d",
+        rows,
+        settings=f"{dtype.name}, rtol=atol={args.tol:g}; times are the best of the rounds",
+        notes=[note],
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ from _timing import (
     interleaved_medians,
     load_average,
     markdown_table,
+    result_row,
     warm_up_jax,
+    write_json,
 )
 
 PARAMS = (1.5, 1.0, 3.0, 1.0)
@@ -90,6 +92,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--no-diffrax", action="store_true")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--json", default=None, help="write the key rows to this JSON file")
     p.add_argument(
         "--quick", action="store_true", help="5 rounds x 2 calls, 1 compile, odegrad Auto() only"
     )
@@ -373,6 +376,25 @@ def main(argv=None):
             "`*`: too slow for the timing budget, reduced schedule: "
             + ", ".join(f"{n} ({len(timing[n].samples)} sample(s))" for n in reduced)
         )
+    problem = f"Lotka-Volterra Tsit5 rtol={args.rtol:g}"
+    write_json(
+        args.json,
+        "lotka_volterra",
+        [
+            result_row(
+                problem,
+                name,
+                name.split()[0],
+                timing[f"{name}|fwd"],
+                timing[f"{name}|grad"],
+                fwd.get(name),
+                grad.get(name),
+            )
+            for name in names
+        ],
+        settings=f"t in [0, {args.t1}], {args.saves} saves, rtol={args.rtol}, atol={args.atol}, "
+        f"{args.dtype}; the gradient call returns the loss too",
+    )
     print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s; {load_average()}")
 
 

@@ -45,7 +45,9 @@ from _timing import (
     interleaved_medians,
     load_average,
     markdown_table,
+    result_row,
     warm_up_jax,
+    write_json,
 )
 
 SCANS = ("scan + checkpoint", "scan")
@@ -78,6 +80,12 @@ def parse_args(argv=None):
         help="comma-separated substrings: keep the scans and the contestants whose name matches",
     )
     p.add_argument("--dump-hlo", default=None, help="directory to write each gradient's HLO to")
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="also time `odegrad StepTo(t)` with og.solve(..., progress=True) (its overhead)",
+    )
+    p.add_argument("--json", default=None, help="write the key rows to this JSON file")
     p.add_argument(
         "--quick", action="store_true", help="N=32, 200 steps, 5 rounds x 2 calls, 1 compile"
     )
@@ -139,7 +147,7 @@ def make_scan(p: Wave, checkpoint: bool):
     return integrate
 
 
-def make_odegrad(p: Wave, step_kind: str):
+def make_odegrad(p: Wave, step_kind: str, progress: bool = False):
     import odegrad as og
 
     du, dv, sample = p.rhs()
@@ -161,6 +169,7 @@ def make_odegrad(p: Wave, step_kind: str):
             saveat=og.SaveAt(steps=True, fn=sample),
             adjoint=og.Discrete("all"),
             max_steps=p.steps,
+            **({"progress": True} if progress else {}),
         )
         return sol.ys
 
@@ -204,6 +213,8 @@ def contestants(p: Wave, args) -> dict:
         out["odegrad StepTo(t)"] = lambda: make_odegrad(p, "stepto")
         out["odegrad Fixed(dt), traced span"] = lambda: make_odegrad(p, "fixed-traced")
         out["odegrad Fixed(dt), static span"] = lambda: make_odegrad(p, "fixed-static")
+        if args.progress:
+            out["odegrad StepTo(t), progress=True"] = lambda: make_odegrad(p, "stepto", True)
     if not args.no_diffrax and importlib.util.find_spec("diffrax") is not None:
         out["diffrax StepTo"] = lambda: make_diffrax(p)
     if args.only:
@@ -331,6 +342,32 @@ def main(argv=None):
             "`*`: too slow for the timing budget, reduced schedule: "
             + ", ".join(f"{n} ({len(timing[n].samples)} sample(s))" for n in reduced)
         )
+    if "odegrad StepTo(t), progress=True" in makers:
+        on, off = "odegrad StepTo(t), progress=True", "odegrad StepTo(t)"
+        print(
+            "progress=True overhead (vs `odegrad StepTo(t)`, interleaved medians): forward "
+            f"{stat(timing[f'{on}|fwd']) / stat(timing[f'{off}|fwd']) - 1:+.1%}, gradient "
+            f"{stat(timing[f'{on}|grad']) / stat(timing[f'{off}|grad']) - 1:+.1%}"
+        )
+    library = {"scan": "lax.scan", "odeg": "odegrad", "diff": "diffrax"}
+    problem = f"seed 004 wave N={p.n}, {p.steps} steps"
+    write_json(
+        args.json,
+        "wave_scan_parity",
+        [
+            result_row(
+                problem,
+                name,
+                library[name[:4]],
+                timing[f"{name}|fwd"],
+                timing[f"{name}|grad"],
+                fwd[name],
+                grad[name],
+            )
+            for name in makers
+        ],
+        settings=f"N={p.n}, steps={p.steps}, {args.dtype}, SemiImplicitEuler",
+    )
     print(f"\ntotal wall time {time.perf_counter() - t_start:.0f} s; {load_average()}")
 
 

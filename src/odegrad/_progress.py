@@ -1,13 +1,15 @@
 """Progress bars for long solves: tqdm on stderr, fed by host callbacks from compiled loops.
 
-A loop reports only when the completed fraction crosses the next whole percent, so a solve pays
-at most ~100 trips to the host (forward) plus ~100 (reverse pass), whatever its step count.
+A loop reports only when the completed fraction crosses the next multiple of 5%, so a solve pays
+at most ~20 trips to the host (forward) plus ~20 (reverse pass), whatever its step count, and the
+bar is redrawn at most 10 times a second.
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -17,7 +19,9 @@ import numpy as np
 from jax import lax
 
 _BARS: dict = {}
+_DRAWN: dict = {}  # key -> last redraw (time.monotonic())
 _KEYS = itertools.count()
+_STEP = 5  # percent between reports
 
 
 def _update(key, desc, pct):
@@ -30,10 +34,14 @@ def _update(key, desc, pct):
             total=100, desc=desc, file=sys.stderr, unit="%", bar_format="{l_bar}{bar}| {n}%"
         )
     bar.n = min(pct, 100)
-    bar.refresh()
+    now = time.monotonic()
+    if pct >= 100 or now - _DRAWN.get(key, 0.0) >= 0.1:
+        bar.refresh()
+        _DRAWN[key] = now
     if pct >= 100:
         bar.close()
         _BARS.pop(key, None)
+        _DRAWN.pop(key, None)
 
 
 class Progress:
@@ -53,6 +61,7 @@ class Progress:
         """Report ``fraction`` (0..1) if it passed the whole percent ``last``; returns the new
         ``last``. Cheap when nothing is reported: one compare and a not-taken branch."""
         pct = jnp.floor(100 * jnp.clip(fraction, 0.0, 1.0)).astype(jnp.int32)
+        pct = pct - pct % _STEP
         report = jnp.any(pct > last)
         lax.cond(
             report,
@@ -63,8 +72,8 @@ class Progress:
         return jnp.maximum(pct, last)
 
     def every(self, k, n, fraction):
-        """Report ``fraction`` on every ``n // 100``-th of ``n`` iterations (no carried state)."""
-        stride = jnp.maximum(1, jnp.asarray(n) // 100)
+        """Report ``fraction`` on every ``n // 20``-th of ``n`` iterations (no carried state)."""
+        stride = jnp.maximum(1, jnp.asarray(n) // (100 // _STEP))
         pct = jnp.floor(100 * jnp.clip(fraction, 0.0, 1.0)).astype(jnp.int32)
         lax.cond(
             jnp.any((k % stride == 0) | (pct >= 100)),
@@ -74,9 +83,9 @@ class Progress:
         )
 
     def tap(self, y, k, n, fraction):
-        """Identity on ``y`` whose reverse pass reports ``fraction`` every ``n // 100``-th ``k``
+        """Identity on ``y`` whose reverse pass reports ``fraction`` every ``n // 20``-th ``k``
         (for the reverse pass that JAX derives from a ``lax.scan``)."""
-        stride = jnp.maximum(1, jnp.asarray(n) // 100)
+        stride = jnp.maximum(1, jnp.asarray(n) // (100 // _STEP))
         flag = ((k % stride == 0) | (k == 0)).astype(jnp.float32)
         bar = self
 

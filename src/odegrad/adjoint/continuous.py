@@ -38,6 +38,7 @@ from .._step import AbstractStep, Adaptive
 from .._tree import rms_error_ratio, tree_add, tree_scale, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
 from .checkpointing import reverse_steps
+from .discrete import DEFAULT_MEMORY_BUDGET
 
 #: Backsolve flags the reverse pass when the re-integrated state is off by more than this many
 #: forward tolerances at a save time.
@@ -401,10 +402,13 @@ class Interpolating(_Continuous):
     """Continuous adjoint on the forward dense output — the robust continuous choice.
 
     Args:
-        checkpoints: ``None`` keeps the dense output of every forward step. An int ``c`` keeps
-            only the step sizes in the forward pass; the backward pass obtains the forward states
-            last-first from ``c`` checkpoints on a binomial (revolve) schedule and re-takes each
-            step for its dense output: memory ``c`` states plus one step, whatever the step count.
+        checkpoints: ``None`` keeps the dense output of every forward step while that fits in
+            ``memory_budget`` (fixed grids: every step; adaptive: ``max_steps`` rows), and
+            otherwise behaves as an int. An int ``c`` keeps only the step sizes in the forward
+            pass; the backward pass obtains the forward states last-first from ``c`` checkpoints
+            on a binomial (revolve) schedule and re-takes each step for its dense output: memory
+            ``c`` states plus one step, whatever the step count.
+        memory_budget: bytes for ``checkpoints=None``.
         vjp: ``vjp(t, y, args, cotangent) -> (ct_y, ct_args)``; default ``jax.vjp`` of ``f``.
         solver: the backward solver; default the forward one.
         step: the backward step control; default the forward one.
@@ -414,6 +418,21 @@ class Interpolating(_Continuous):
     """
 
     checkpoints: int | None = None
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+
+    def run(self, problem: Problem) -> LoopOutput:
+        if self.checkpoints is None:
+            rows = problem.static_steps or problem.max_steps
+            dense = jax.eval_shape(
+                lambda y, a: problem.step(problem.tau0, 1.0, y, a, problem.init_state(y, a)).dense,
+                problem.y0,
+                problem.args,
+            )
+            row_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(dense))
+            if rows * row_bytes > self.memory_budget:
+                slots = max(2, min(rows, self.memory_budget // problem.state_bytes()))
+                return replace(self, checkpoints=int(slots)).run(problem)
+        return super().run(problem)
 
     def __post_init__(self):
         if self.checkpoints is not None and not (

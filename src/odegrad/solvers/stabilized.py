@@ -106,6 +106,11 @@ def power_iteration(f, t, y, args, v, iters: int):
     return lax.stop_gradient(rho), _sg(v)
 
 
+def _like(new, old):
+    """``new`` with the dtypes of ``old`` (a stage may promote, e.g. float32 time under x64)."""
+    return jax.tree.map(lambda a, b: jnp.asarray(a, jnp.result_type(b)), new, old)
+
+
 def masked_scan(stage, carry, xs, n_active):
     """``carry = stage(carry, x)`` for the first ``n_active`` (traced) entries of ``xs``.
 
@@ -127,12 +132,14 @@ def masked_scan(stage, carry, xs, n_active):
 
     def inner(c, xi):
         i, x = xi
-        return lax.cond(i < n_active, lambda c_: stage(c_, x), lambda c_: c_, c), None
+        return lax.cond(i < n_active, lambda c_: _like(stage(c_, x), c_), lambda c_: c_, c), None
 
     def outer(c, xb):
         b, xblock = xb
         idx = b * block + jnp.arange(block)
-        run = lambda c_: lax.scan(inner, c_, (idx, xblock))[0]
+        # rematerialised in the reverse pass: residuals are one carry per block, not one per
+        # stage of the largest degree (which would store max_stages states for every step)
+        run = jax.checkpoint(lambda c_: lax.scan(inner, c_, (idx, xblock))[0])
         return lax.cond(b * block < n_active, run, lambda c_: c_, c), None
 
     carry, _ = lax.scan(outer, carry, (jnp.arange(nb), xs))
