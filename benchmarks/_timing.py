@@ -22,6 +22,27 @@ from typing import Any
 import jax
 
 
+def add_timing_args(p, rounds: int, number: int, budget: float) -> None:
+    """The timing options every benchmark script shares."""
+    p.add_argument(
+        "--rounds", type=int, default=rounds, help="interleaved rounds (median over them)"
+    )
+    p.add_argument("--number", type=int, default=number, help="calls per contestant per round")
+    p.add_argument("--compile-reps", type=int, default=2, help="cold compiles per contestant")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=budget,
+        help="seconds one contestant may spend in the timing loop before its schedule is cut",
+    )
+    p.add_argument(
+        "--stat",
+        choices=["median", "min"],
+        default="median",
+        help="which statistic of the rounds the ratios use (both are printed)",
+    )
+
+
 def block(x: Any) -> Any:
     """Wait for every JAX array in ``x`` (other leaves, e.g. torch tensors, are already done)."""
     return jax.block_until_ready(x)

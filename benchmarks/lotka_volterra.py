@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from _timing import (
+    add_timing_args,
     compile_timed,
     environment,
     fmt_compile,
@@ -75,21 +76,7 @@ def parse_args(argv=None):
         help=f"comma-separated odegrad adjoints, from: {', '.join(ADJOINTS)}, or 'all' "
         "(default: auto,discrete-all,discrete-8; with --quick: auto)",
     )
-    p.add_argument("--rounds", type=int, default=20, help="interleaved rounds (median over them)")
-    p.add_argument("--number", type=int, default=5, help="calls per contestant per round")
-    p.add_argument("--compile-reps", type=int, default=2, help="cold compiles per contestant")
-    p.add_argument(
-        "--budget",
-        type=float,
-        default=15.0,
-        help="seconds one contestant may spend in the timing loop before its schedule is cut",
-    )
-    p.add_argument(
-        "--stat",
-        choices=["median", "min"],
-        default="median",
-        help="which statistic of the rounds the ratios use (both are printed)",
-    )
+    add_timing_args(p, rounds=20, number=5, budget=15.0)
     p.add_argument("--no-diffrax", action="store_true")
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--json", default=None, help="write the key rows to this JSON file")

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from _timing import (
+    add_timing_args,
     compile_timed,
     environment,
     fmt_bytes,
@@ -58,21 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--n", type=int, default=64, help="grid size N (fields are N x N)")
     p.add_argument("--steps", type=int, default=2000, help="number of time steps")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--rounds", type=int, default=15, help="interleaved rounds (median over them)")
-    p.add_argument("--number", type=int, default=3, help="calls per contestant per round")
-    p.add_argument("--compile-reps", type=int, default=2, help="cold compiles per contestant")
-    p.add_argument(
-        "--budget",
-        type=float,
-        default=20.0,
-        help="seconds one contestant may spend in the timing loop before its schedule is cut",
-    )
-    p.add_argument(
-        "--stat",
-        choices=["median", "min"],
-        default="median",
-        help="which statistic of the rounds the ratios use (both are printed)",
-    )
+    add_timing_args(p, rounds=15, number=3, budget=20.0)
     p.add_argument("--no-diffrax", action="store_true", help="skip the diffrax contestant")
     p.add_argument(
         "--only",
