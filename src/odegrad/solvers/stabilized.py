@@ -438,6 +438,15 @@ class _ROCK(_Stabilized):
         idx = jnp.searchsorted(jnp.asarray(self.degrees), need.astype(jnp.int32), side="left")
         return jnp.minimum(idx, len(self.degrees) - 1)
 
+    def _recurrence(self, f, t0, dt, y0, args, f0, h_rho):
+        """The orthogonal Chebyshev recurrence of the degree ``h_rho`` needs: ``(u, t, idx, ms)``
+        with ``idx`` the row of the coefficient tables and ``ms`` the degree."""
+        degrees, mu1, mu, kappa = self._tables(jnp.result_type(dt))
+        idx = self._degree_index(h_rho)
+        ms = degrees[idx]
+        u, t = _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1[idx], mu[idx], kappa[idx])
+        return u, t, idx, ms
+
     def stage_count(self, h_rho):
         idx = self._degree_index(h_rho)
         return jnp.asarray(self.degrees, jnp.int32)[idx] + self._stage_extra
@@ -461,10 +470,7 @@ class ROCK2(_ROCK):
 
     def _advance(self, f, t0, dt, y0, args, f0, h_rho):
         tdt = jnp.result_type(dt)
-        degrees, mu1, mu, kappa = self._tables(tdt)
-        idx = self._degree_index(h_rho)
-        ms = degrees[idx]
-        u, t = _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1[idx], mu[idx], kappa[idx])
+        u, t, idx, ms = self._recurrence(f, t0, dt, y0, args, f0, h_rho)
         fp1 = jnp.asarray([self._table[d][0] for d in self.degrees], tdt)[idx]
         fp2 = jnp.asarray([self._table[d][1] for d in self.degrees], tdt)[idx]
         d1, d2 = dt * fp1, dt * fp2
@@ -493,10 +499,7 @@ class ROCK4(_ROCK):
 
     def _advance(self, f, t0, dt, y0, args, f0, h_rho):
         tdt = jnp.result_type(dt)
-        degrees, mu1, mu, kappa = self._tables(tdt)
-        idx = self._degree_index(h_rho)
-        ms = degrees[idx]
-        u, t = _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1[idx], mu[idx], kappa[idx])
+        u, t, idx, ms = self._recurrence(f, t0, dt, y0, args, f0, h_rho)
         fpa = jnp.asarray([self._table[d][0] for d in self.degrees], tdt)[idx] * dt
         fpb = jnp.asarray([self._table[d][1] for d in self.degrees], tdt)[idx] * dt
         fpbe = jnp.asarray([self._table[d][2] for d in self.degrees], tdt)[idx] * dt
