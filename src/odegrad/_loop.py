@@ -101,7 +101,9 @@ def save_in_step(plan: SavePlan, solver, args, t0, dt, dense, buf, j, j_end):
         i, b = c
         theta = (ts[i] - t0) / dt
         val = plan.fn(ts[i], solver.interpolate(dense, theta), args)
-        return i + 1, _set_row(b, i, val)
+        # i is in range here: a dynamic-update-slice, much cheaper than a scatter on CPU
+        b = jax.tree.map(lambda x, r: lax.dynamic_update_index_in_dim(x, r, i, 0), b, val)
+        return i + 1, b
 
     return lax.while_loop(cond, body, (j, buf))
 
