@@ -33,7 +33,6 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import jax
 
@@ -85,29 +84,10 @@ def arenstorf() -> rp.Problem:
 
 
 def problems() -> dict[str, rp.Problem]:
-    names = [
-        "lotka_volterra",
-        "damped_pendulum",
-        "lorenz",
-        "fitzhugh_nagumo",
-        "brusselator",
-        "forced_oscillator",
-    ]
-    out = {n: rp.get_problem(n) for n in names}
+    out = {n: rp.get_problem(n) for n in rp.NONSTIFF if n not in ("linear", "van_der_pol")}
     out["arenstorf"] = arenstorf()
     out["linear"] = rp.get_problem("linear")
     return out
-
-
-_NP = SimpleNamespace(
-    sin=np.sin,
-    cos=np.cos,
-    exp=np.exp,
-    log=np.log,
-    sqrt=np.sqrt,
-    tanh=np.tanh,
-    stack=lambda xs: np.array([float(x) for x in xs]),
-)
 
 
 def reference(problem: rp.Problem) -> np.ndarray:
@@ -121,7 +101,7 @@ def reference(problem: rp.Problem) -> np.ndarray:
     from scipy.integrate import solve_ivp
 
     sol = solve_ivp(
-        lambda t, y: problem.rhs(t, y, problem.params, _NP),
+        lambda t, y: problem.rhs(t, y, problem.params, rp.NUMPY),
         (problem.t0, problem.t1),
         problem.y0,
         method="DOP853",

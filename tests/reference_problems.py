@@ -95,6 +95,18 @@ JNP = _Lazy(_make_jnp_namespace)
 CASADI = _Lazy(_make_casadi_namespace)
 """Math namespace over CasADi; ``stack`` returns an ``SX``/``MX`` column."""
 
+NUMPY = SimpleNamespace(
+    name="numpy",
+    sin=np.sin,
+    cos=np.cos,
+    exp=np.exp,
+    log=np.log,
+    sqrt=np.sqrt,
+    tanh=np.tanh,
+    stack=lambda xs: np.array(xs, dtype=np.float64),
+)
+"""Math namespace over NumPy (an independent evaluation of each right-hand side)."""
+
 
 # ---------------------------------------------------------------------------------------------
 # problem container

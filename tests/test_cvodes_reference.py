@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -33,16 +32,7 @@ except ImportError:  # tests imported as a package
     from tests import reference_problems as rp
     from tests.cvodes import cvodes_gradient, cvodes_jacobian, cvodes_solve
 
-NP = SimpleNamespace(
-    name="numpy",
-    sin=np.sin,
-    cos=np.cos,
-    exp=np.exp,
-    log=np.log,
-    sqrt=np.sqrt,
-    tanh=np.tanh,
-    stack=lambda xs: np.array(xs, dtype=np.float64),
-)
+NP = rp.NUMPY
 
 ALL = list(rp.PROBLEMS)
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._loop import LoopOutput, SavePlan, dense_evaluate, save_slots, while_loop
+from .._loop import LoopOutput, RuntimeGrid, SavePlan, dense_evaluate, save_slots, while_loop
 from .._step import AbstractStep, Adaptive
 from .._tree import rms_error_ratio, tree_add, tree_scale, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
@@ -164,7 +164,7 @@ class _Continuous(AbstractAdjoint):
         f, vjp = self._rhs_and_vjp(problem)
         solver_b = problem.solver if self.solver is None else self.solver
         if solver_b.partitioned:  # the backward state is not a (u, v) pair
-            solver_b = _default_explicit(problem)
+            solver_b = _default_explicit()
         solver_b = solver_b.with_user_args(None)  # user callbacks describe the forward system
         control = self._backward_control(problem)
         points, labels, count = self._breakpoints(problem, keep)
@@ -365,7 +365,7 @@ class _Continuous(AbstractAdjoint):
         base = self.step
         if base is None:
             base = problem.control if problem.grid is None else "grid"
-        if hasattr(base, "n"):  # a runtime fixed grid: take adaptive-free single steps
+        if isinstance(base, RuntimeGrid):  # fixed steps: one backward step per forward step
             base = "grid"
         if isinstance(base, Adaptive):
             return _Seminorm(base, lambda z: {k: v for k, v in z.items() if k != "g"})
@@ -374,7 +374,7 @@ class _Continuous(AbstractAdjoint):
     on_drift = "raise"
 
 
-def _default_explicit(problem):
+def _default_explicit():
     from ..solvers.explicit_rk import Tsit5
 
     return Tsit5()

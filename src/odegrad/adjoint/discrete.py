@@ -88,6 +88,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
     store_all = checkpoints == "all"
     # keep (y, solver state) pairs unless the state can be recomputed from y
     keep_state = store_all or not problem.solver.state_from_y
+    need_dense = plan.ts is not None or plan.dense
     record = "all" if store_all else "times"
 
     def strip(out: LoopOutput) -> LoopOutput:
@@ -135,7 +136,9 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             if st is None:
                 st = problem.solver.init(problem.f, problem.direction * starts[k], y, a)
             res_ = step_problem.step(starts[k], sizes[k], y, a, st)
-            return res_.y1, (res_.state if keep_state else None), res_.dense
+            # the dense output is an output of the step only when saves read it: otherwise the
+            # reverse step would push zero cotangents through every stage
+            return res_.y1, (res_.state if keep_state else None), (res_.dense if need_dense else ())
 
         def advance(k, x):
             if keep_state:

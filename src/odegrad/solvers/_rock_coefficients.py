@@ -17,7 +17,8 @@ entry is keyed by ``ms`` (the degree of the orthogonal-polynomial recurrence; th
 ``ms + 2`` (ROCK2) or ``ms + 4`` (ROCK4) stages) and holds that degree's finishing coefficients
 and its block of ``recf``: ``mu_1`` followed by the pairs ``(mu_i, kappa_i)`` for ``i = 2..ms``, so
 ``2 * ms - 1`` numbers. Adding a tabulated degree is adding its entry; the solvers pick it up.
-``tests/test_stabilized.py`` checks every entry against the order conditions.
+``tests/test_stabilized.py`` checks every entry against the order conditions. The file is long
+because the tables are: one block of numbers per degree, and no logic.
 """
 
 from __future__ import annotations

@@ -25,8 +25,6 @@ def hermite(y0, y1, f0, f1, dt, theta):
     h10 = t3 - 2 * t2 + theta
     h01 = -2 * t3 + 3 * t2
     h11 = t3 - t2
-    import jax
-
     return jax.tree.map(
         lambda a, b, fa, fb: h00 * a + h01 * b + dt * (h10 * fa + h11 * fb), y0, y1, f0, f1
     )
@@ -108,8 +106,6 @@ class ExplicitRK(AbstractSolver):
             for c in reversed(coeffs):  # Horner in theta, then one more theta: b_i(0) = 0
                 acc = acc * theta + c
             weights.append(acc * theta)
-        import jax
-
         return jax.tree.map(
             lambda y, *k: y + dt * sum(w * ki for w, ki in zip(weights, k, strict=True)), y0, *ks
         )
