@@ -39,6 +39,9 @@ class SavePlan:
     #: optional ``accumulate(t, dt, dense, args) -> pytree`` summed over accepted steps (while
     #: loop only; real time, signed ``dt``); the quadrature adjoint integrates with it.
     accumulate: Any = None
+    #: how many copies of each saved row a batching transform around the loop will carry (the
+    #: forward-sensitivity adjoint's tangent directions); sizes the save buffer's chunks.
+    lanes: int = 1
 
 
 class LoopOutput(NamedTuple):
@@ -65,6 +68,72 @@ def _set_row(buf, i, row):
     return jax.tree.map(lambda b, r: b.at[i].set(r, mode="drop"), buf, row)
 
 
+#: XLA:CPU runs a loop body's kernels back to back only while every buffer they touch is at most
+#: this many bytes (its ThunkExecutor's ``execute_sequential_buffer_threshold``); otherwise it
+#: schedules them as a task graph, which costs about 1 us per step of a small problem (measured:
+#: Lotka–Volterra forward sensitivities with 20 saves, 205 -> 95 us per solve).
+SMALL_BUFFER_BYTES = 512
+#: at most this many chunks (one switch branch each) for one save buffer.
+MAX_CHUNKS = 32
+
+
+def rows_per_chunk(row, n: int, lanes: int = 1) -> int:
+    """Rows per chunk of an ``n``-row save buffer of ``row``s, so that each chunk stays under
+    :data:`SMALL_BUFFER_BYTES` even with ``lanes`` batched copies; ``n`` means one chunk."""
+    leaf_bytes = [
+        lanes * int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(row)
+    ]
+    widest = max(leaf_bytes, default=0)
+    if n * widest <= SMALL_BUFFER_BYTES or widest > SMALL_BUFFER_BYTES // 2:
+        return max(n, 1)  # already small, or rows too wide for chunks to help
+    rows = SMALL_BUFFER_BYTES // widest
+    return rows if -(-n // rows) <= MAX_CHUNKS else max(n, 1)
+
+
+def chunked_fill(row, n: int, rows: int, value=jnp.inf) -> tuple:
+    """An ``n``-row buffer of ``row``s as a tuple of chunks of ``rows`` rows."""
+    return tuple(_fill(row, min(rows, n - k), value) for k in range(0, n, rows))
+
+
+def chunked_write(chunks: tuple, i, row, rows: int, valid=True) -> tuple:
+    """``buffer[i] = row`` where ``valid``, for an in-range ``i`` (a dynamic-update-slice in one
+    chunk; an invalid write rewrites the old row, cheaper on CPU than a dropped scatter)."""
+
+    def write(c):
+        def put(x, r):
+            k = i - c * rows
+            if valid is not True:
+                r = jnp.where(valid, r, lax.dynamic_index_in_dim(x, k, 0, keepdims=False))
+            return lax.dynamic_update_index_in_dim(x, r, k, 0)
+
+        def branch(cs):
+            return (*cs[:c], jax.tree.map(put, cs[c], row), *cs[c + 1 :])
+
+        return branch
+
+    if len(chunks) == 1:
+        return write(0)(chunks)
+    branches = [write(c) for c in range(len(chunks))]
+    return lax.switch(jnp.minimum(i // rows, len(chunks) - 1), branches, chunks)
+
+
+def chunked_join(chunks: tuple):
+    """The buffer as one array per leaf."""
+    if len(chunks) == 1:
+        return chunks[0]
+    return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *chunks)
+
+
+#: A static grid's saves are read after the loop from each step's stacked starting state (one
+#: re-taken step per save) when that stack is at most this many bytes: the loop body then stays
+#: one fused kernel. Measured on Lotka–Volterra, RK4, 1000 steps, 20 saves: 3.7 ms -> 60 us.
+STACKED_SAVE_BYTES = 1 << 22
+
+
+def _tree_bytes(tree) -> int:
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
 def save_slots(grid, ts, n_steps: int):
     """For each step ``k`` of ``grid``: the first save index and how many save times fall in it.
 
@@ -87,10 +156,11 @@ def static_slot_count(grid, ts) -> int | None:
     return max(int(np.bincount(k).max()) if k.size else 0, 1)
 
 
-def save_in_step(plan: SavePlan, solver, args, t0, dt, dense, buf, j, j_end):
+def save_in_step(plan: SavePlan, solver, args, t0, dt, dense, buf, j, j_end, rows):
     """Write the saves ``j <= i < j_end`` that fall in one step into ``buf`` (a while loop).
 
-    ``t0``, ``dt`` and ``plan.ts`` are in forward time ``tau``.
+    ``buf`` is chunked by :func:`chunked_fill` with ``rows`` rows per chunk. ``t0``, ``dt`` and
+    ``plan.ts`` are in forward time ``tau``.
     """
     ts = plan.ts
 
@@ -102,8 +172,7 @@ def save_in_step(plan: SavePlan, solver, args, t0, dt, dense, buf, j, j_end):
         theta = (ts[i] - t0) / dt
         val = plan.fn(ts[i], solver.interpolate(dense, theta), args)
         # i is in range here: a dynamic-update-slice, much cheaper than a scatter on CPU
-        b = jax.tree.map(lambda x, r: lax.dynamic_update_index_in_dim(x, r, i, 0), b, val)
-        return i + 1, b
+        return i + 1, chunked_write(b, i, val, rows)
 
     return lax.while_loop(cond, body, (j, buf))
 
@@ -114,11 +183,16 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
     t_real = grid if isinstance(s, float) and s == 1.0 else s * grid
     st0 = solver.init(f, t_real[0], y0, args)
     xs = {"t0": t_real[:-1], "t1": t_real[1:], "k": jnp.arange(n_steps)}
-    ts_buf = None
+    ts_buf, stacked = None, False
     if plan.ts is not None:
         n_ts = plan.ts.shape[0]
-        xs["start"], xs["count"] = save_slots(grid, plan.ts, n_steps)
-        ts_buf = _fill(jax.eval_shape(plan.fn, grid[0], y0, args), n_ts)
+        row_bytes = _tree_bytes(jax.eval_shape(lambda: (y0, st0)))
+        stacked = n_steps * row_bytes * plan.lanes <= STACKED_SAVE_BYTES
+        if not stacked:
+            xs["start"], xs["count"] = save_slots(grid, plan.ts, n_steps)
+            row = jax.eval_shape(plan.fn, grid[0], y0, args)
+            ts_rows = rows_per_chunk(row, n_ts, plan.lanes)
+            ts_buf = chunked_fill(row, n_ts, ts_rows)
 
     def body(carry, x):
         y, st, buf = carry
@@ -131,12 +205,13 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
         res = solver.step(f, x["t0"], dt, y, args, st)
         if buf is not None:
             for slot in range(plan.slots):
-                i = x["start"] + slot
-                i_safe = jnp.minimum(i, n_ts - 1)
-                theta = (s * plan.ts[i_safe] - x["t0"]) / dt
-                val = plan.fn(plan.ts[i_safe], solver.interpolate(res.dense, theta), args)
-                buf = _set_row(buf, jnp.where(slot < x["count"], i, n_ts), val)
+                i = jnp.minimum(x["start"] + slot, n_ts - 1)
+                theta = (s * plan.ts[i] - x["t0"]) / dt
+                val = plan.fn(plan.ts[i], solver.interpolate(res.dense, theta), args)
+                buf = chunked_write(buf, i, val, ts_rows, valid=slot < x["count"])
         out = {}
+        if stacked:
+            out["start"] = (y, st)
         if plan.steps:
             out["y"] = plan.fn(s * x["t1"], res.y1, args)
         if plan.dense:
@@ -146,6 +221,10 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
         return (res.y1, res.state, buf), out
 
     (y1, _, ts_buf), out = lax.scan(body, (y0, st0, ts_buf), xs)
+    if stacked:
+        ts_buf = _saves_from_starts(solver, f, args, grid, t_real, s, plan, out.pop("start"))
+    elif ts_buf is not None:
+        ts_buf = chunked_join(ts_buf)
     # No per-step finiteness test (it would cost a pass over the state every step): a non-finite
     # value propagates to the end, and the saved rows locate where it first appeared.
     first_bad, fail_t = _first_nonfinite(out.get("y"), grid[1:], ts_buf, plan.ts)
@@ -171,6 +250,21 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
         fail_step=first_bad,
         record={},
     )
+
+
+def _saves_from_starts(solver, f, args, grid, t_real, s, plan: SavePlan, starts):
+    """The saves of a static grid, by re-taking (batched) the step that holds each save time
+    from its stacked starting ``(y, solver state)``."""
+    n_steps = grid.shape[0] - 1
+    k = jnp.clip(jnp.searchsorted(grid, plan.ts, side="left") - 1, 0, n_steps - 1)
+
+    def one(k_, tau):
+        y, st = jax.tree.map(lambda a: a[k_], starts)
+        t0, dt = t_real[k_], t_real[k_ + 1] - t_real[k_]
+        dense = solver.step(f, t0, dt, y, args, st).dense
+        return plan.fn(tau, solver.interpolate(dense, (s * tau - t0) / dt), args)
+
+    return jax.vmap(one)(k, plan.ts)
 
 
 def _first_nonfinite(steps_rows, step_times, ts_rows, save_times):
@@ -246,7 +340,9 @@ def while_loop(
     }
     if plan.ts is not None:
         n_ts = plan.ts.shape[0]
-        c["ts_buf"] = _fill(jax.eval_shape(plan.fn, tau0, y0, args), n_ts)
+        row = jax.eval_shape(plan.fn, tau0, y0, args)
+        ts_rows = rows_per_chunk(row, n_ts, plan.lanes)
+        c["ts_buf"] = chunked_fill(row, n_ts, ts_rows)
         c["j"] = jnp.asarray(0)
     if plan.steps:
         c["steps_t"] = jnp.full((max_steps,), jnp.inf, tdtype)
@@ -313,7 +409,7 @@ def while_loop(
             j_end = jnp.searchsorted(plan.ts, t_new, side="right", method=method)
             j_end = jnp.where(accept, j_end, c["j"])
             new["j"], new["ts_buf"] = save_in_step(
-                plan, solver, args, t, h, res.dense, c["ts_buf"], c["j"], j_end
+                plan, solver, args, t, h, res.dense, c["ts_buf"], c["j"], j_end, ts_rows
             )
         if plan.steps:
             new["steps_t"] = c["steps_t"].at[drop].set(t_new, mode="drop")
@@ -372,7 +468,7 @@ def while_loop(
     return LoopOutput(
         y1=c["y"],
         t1=c["t"],
-        ts_ys=c.get("ts_buf"),
+        ts_ys=None if plan.ts is None else chunked_join(c["ts_buf"]),
         steps_ts=c.get("steps_t"),
         steps_ys=c.get("steps_y"),
         dense=dense,

@@ -9,6 +9,7 @@ cotangents with ``S`` — no backward solve at all. Cost grows with the number o
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -37,6 +38,10 @@ class Forward(AbstractAdjoint):
 
     def run(self, problem: Problem) -> LoopOutput:
         problem = problem.without_scan_tap()
+        # the save buffer carries one lane per direction under the vmap below
+        problem = dataclasses.replace(
+            problem, plan=dataclasses.replace(problem.plan, lanes=max(_input_size(problem), 1))
+        )
 
         def primal(y0, args_diff):
             out = problem.forward(y0, problem.with_args(args_diff))
