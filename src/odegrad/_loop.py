@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._progress import chunked_scan
 from ._solution import Result
 from ._tree import tree_all_finite, tree_where
 
@@ -182,7 +183,7 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
     n_steps = grid.shape[0] - 1
     t_real = grid if isinstance(s, float) and s == 1.0 else s * grid
     st0 = solver.init(f, t_real[0], y0, args)
-    xs = {"t0": t_real[:-1], "t1": t_real[1:], "k": jnp.arange(n_steps)}
+    xs = {"t0": t_real[:-1], "t1": t_real[1:]}
     ts_buf, stacked = None, False
     if plan.ts is not None:
         n_ts = plan.ts.shape[0]
@@ -197,11 +198,6 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
     def body(carry, x):
         y, st, buf = carry
         dt = x["t1"] - x["t0"]
-        if progress is not None:
-            if progress.scan_tap:
-                # reverse-pass bar: the cotangent of y passes this step's tap going backwards
-                y = progress.backward.tap(y, x["k"], n_steps, 1 - x["k"] / n_steps)
-            progress.forward.every(x["k"] + 1, n_steps, (x["k"] + 1) / n_steps)
         res = solver.step(f, x["t0"], dt, y, args, st)
         if buf is not None:
             for slot in range(plan.slots):
@@ -220,7 +216,10 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
             out["evals"] = res.evals
         return (res.y1, res.state, buf), out
 
-    (y1, _, ts_buf), out = lax.scan(body, (y0, st0, ts_buf), xs)
+    if progress is None:
+        (y1, _, ts_buf), out = lax.scan(body, (y0, st0, ts_buf), xs)
+    else:
+        (y1, _, ts_buf), out = chunked_scan(body, (y0, st0, ts_buf), xs, n_steps, progress)
     if stacked:
         ts_buf = _saves_from_starts(solver, f, args, grid, t_real, s, plan, out.pop("start"))
     elif ts_buf is not None:
