@@ -225,11 +225,9 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
     elif ts_buf is not None:
         ts_buf = chunked_join(ts_buf)
     # No per-step finiteness test (it would cost a pass over the state every step): a non-finite
-    # value propagates to the end, and the saved rows locate where it first appeared.
-    first_bad, fail_t = _first_nonfinite(out.get("y"), grid[1:], ts_buf, plan.ts)
-    failed = ~tree_all_finite(y1) | (first_bad >= 0)
-    first_bad = jnp.where(first_bad >= 0, first_bad, n_steps)
-    fail_t = jnp.where(jnp.isfinite(fail_t), fail_t, grid[-1])
+    # value propagates to the end, and the saved rows locate where it first appeared, computed
+    # only when the solve failed (see locate_failure).
+    failed = ~tree_all_finite((y1, out.get("y"), ts_buf))
     n = jnp.asarray(n_steps)
     evals = solver.init_evals + (
         jnp.sum(out["evals"]) if "evals" in out else n_steps * solver.step_evals
@@ -245,8 +243,8 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
         dense=dense,
         stats=stats,
         result=jnp.where(failed, Result.nonfinite, Result.success).astype(jnp.int32),
-        fail_t=fail_t,
-        fail_step=first_bad,
+        fail_t=None,
+        fail_step=None,
         record={},
     )
 
@@ -264,6 +262,19 @@ def _saves_from_starts(solver, f, args, grid, t_real, s, plan: SavePlan, starts)
         return plan.fn(tau, solver.interpolate(dense, (s * tau - t0) / dt), args)
 
     return jax.vmap(one)(k, plan.ts)
+
+
+def locate_failure(out: LoopOutput, grid, save_times):
+    """Forward time and step of a failure: the while loop stops there; a static grid's scan runs
+    on, and the first saved row holding a non-finite value locates it (the end otherwise)."""
+    if out.fail_t is not None:
+        return out.fail_t, out.fail_step
+    first_bad, fail_t = _first_nonfinite(out.steps_ys, grid[1:], out.ts_ys, save_times)
+    n_steps = grid.shape[0] - 1
+    return (
+        jnp.where(jnp.isfinite(fail_t), fail_t, grid[-1]),
+        jnp.where(first_bad >= 0, first_bad, n_steps),
+    )
 
 
 def _first_nonfinite(steps_rows, step_times, ts_rows, save_times):

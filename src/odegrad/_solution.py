@@ -97,8 +97,9 @@ def result_message(code: int, t, step) -> str:
     return f"og.solve failed at t={float(t):.6g} (step {int(step)}): {Result(int(code)).message}."
 
 
-def check_result(result, t, step):
-    """Raise (eagerly, or through a host callback under jit) when ``result`` is not success."""
+def check_result(result, locate):
+    """Raise (eagerly, or through a host callback under jit) when ``result`` is not success;
+    ``locate()`` gives the failure's ``(t, step)`` (traced only into the failure branch)."""
 
     def _raise(code, t_, step_):
         import numpy as np
@@ -114,13 +115,9 @@ def check_result(result, t, step):
 
     if isinstance(result, jax.core.Tracer):
         # only a failed solve pays for the trip to the host (under vmap both branches run)
-        jax.lax.cond(
-            jnp.any(result != 0),
-            lambda r, t_, s_: jax.debug.callback(_raise, r, t_, s_),
-            lambda r, t_, s_: None,
-            result,
-            t,
-            step,
-        )
+        def fail(r):
+            jax.debug.callback(_raise, r, *locate())
+
+        jax.lax.cond(jnp.any(result != 0), fail, lambda r: None, result)
     else:
-        _raise(result, t, step)
+        _raise(result, *locate())
