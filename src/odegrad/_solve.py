@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._loop import RuntimeGrid, SavePlan, static_slot_count
+from ._loop import RuntimeGrid, SavePlan, locate_failure, static_slot_count
 from ._saveat import SaveAt
 from ._solution import Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _is_concrete
@@ -98,7 +98,12 @@ def solve(
     else:
         ts, ys = None, None
     if throw:
-        check_result(out.result, s * out.fail_t, out.fail_step)
+
+        def locate():
+            tau, step_ = locate_failure(out, problem.grid, problem.plan.ts)
+            return s * tau, step_
+
+        check_result(out.result, locate)
     return Solution(ts, ys, out.stats, out.result, out.dense, problem.solver, s)
 
 
