@@ -354,3 +354,76 @@ def test_result_codes():
     sol = jax.jit(lambda y: og.solve(blowup, y, (0.0, 0.5)))(jnp.asarray(1.0))
     assert int(sol.result) == og.Result.success
     assert abs(float(sol.ys[-1]) - 2.0) < 1e-5  # y(0.5) = 2
+
+
+# --------------------------------------------------------------------------------------------
+# the two ways a static grid saves, and chunked save buffers
+
+
+# save times on grid points, between them, several inside one step, duplicated, t0 and t1
+TS_MIXED = np.array([0.0, 0.0, 0.013, 0.1, 0.1004, 0.1008, 0.35, 0.5, 0.77, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("adjoint", [og.Discrete("all"), og.Discrete(3)])
+def test_stacked_saves_equal_in_loop_saves(monkeypatch, adjoint):
+    """Small states read their saves after the scan from stacked step starts; large ones write
+    them inside the step. Both must give the same values and gradients."""
+    import odegrad._loop as loop
+
+    def run(p):
+        sol = og.solve(
+            nonlin,
+            jnp.asarray(Y0) * p,
+            (0.0, 1.0),
+            solver=og.Tsit5(),
+            step=og.Fixed(0.01),
+            saveat=og.SaveAt(ts=TS_MIXED, fn=lambda t, y, a: (y[0] * t, y[1:])),
+            adjoint=adjoint,
+        )
+        return sol.ys
+
+    def loss(p):
+        a, b = run(p)
+        return jnp.sum(jnp.sin(a)) + jnp.sum(b**2)
+
+    stacked = (run(1.3), jax.grad(loss)(1.3))
+    monkeypatch.setattr(loop, "STACKED_SAVE_BYTES", 0)
+    in_loop = (run(1.3), jax.grad(loss)(1.3))
+    for a, b in zip(jax.tree.leaves(stacked), jax.tree.leaves(in_loop), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("n_saves", [3, 40, 300])
+def test_chunked_save_buffer_adaptive(n_saves):
+    """Adaptive saves go to a buffer split into <= 512-byte chunks (40 and 300 saves of 3
+    float64 span several chunks): the rows equal the dense output at the same times."""
+    ts = np.sort(np.concatenate([[0.0, 1.0], np.random.default_rng(0).uniform(0, 1, n_saves - 2)]))
+    kw = dict(solver=og.Tsit5(), step=og.Adaptive(rtol=1e-9, atol=1e-9))
+    sol = jax.jit(lambda y: og.solve(nonlin, y, (0.0, 1.0), saveat=og.SaveAt(ts=ts), **kw))(
+        jnp.asarray(Y0)
+    )
+    dense = og.solve(nonlin, jnp.asarray(Y0), (0.0, 1.0), saveat=og.SaveAt(dense=True), **kw)
+    assert max_abs(sol.ys, dense.evaluate(jnp.asarray(ts))) < 1e-13
+    assert max_abs(sol.ts, ts) == 0.0
+
+
+def test_chunked_save_buffer_forward_sensitivities():
+    """Forward() sizes the chunks for its tangent lanes; its gradient matches Discrete's."""
+    ts = np.linspace(0.0, 1.0, 37)
+
+    def loss(p, adjoint):
+        sol = og.solve(
+            lambda t, y, a: a[0] * jnp.cos(t) * y - a[1] * y**2,
+            jnp.asarray(Y0),
+            (0.0, 1.0),
+            p,
+            step=og.Adaptive(rtol=1e-10, atol=1e-10),
+            saveat=og.SaveAt(ts=ts),
+            adjoint=adjoint,
+        )
+        return jnp.sum(jnp.sin(sol.ys))
+
+    p = jnp.array([1.0, 0.3])
+    g_fwd = jax.jit(jax.grad(lambda p: loss(p, og.Forward())))(p)
+    g_disc = jax.jit(jax.grad(lambda p: loss(p, og.Discrete("all"))))(p)
+    np.testing.assert_allclose(g_fwd, g_disc, rtol=1e-11)
