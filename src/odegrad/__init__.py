@@ -2,6 +2,7 @@
 
 from . import solvers, stencil
 from ._saveat import SaveAt
+from ._scaleout import ensemble
 from ._solution import Result, Solution
 from ._solve import explain_adjoint, solve
 from ._step import Adaptive, Fixed, StepTo
@@ -65,6 +66,7 @@ __all__ = [
     "Solution",
     "StepTo",
     "Tsit5",
+    "ensemble",
     "explain_adjoint",
     "solve",
     "solvers",

@@ -12,6 +12,7 @@ import numpy as np
 
 from ._loop import RuntimeGrid, SavePlan, locate_failure, static_slot_count
 from ._saveat import SaveAt
+from ._scaleout import explicit_mesh, on_auto_axes
 from ._solution import Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _is_concrete
 from ._tree import partition_args
@@ -69,6 +70,11 @@ def solve(
         (1, 3)
         >>> grad = jax.grad(lambda k: og.solve(f, jnp.ones(3), (0.0, 1.0), k).ys.sum())(2.0)
     """
+    mesh = explicit_mesh((y0, args, t_span))
+    if mesh is not None:  # sharded over a mesh with Explicit axes: see _scaleout.py
+        kw = dict(solver=solver, step=step, saveat=saveat, adjoint=adjoint, max_steps=max_steps)
+        kw.update(progress=progress, throw=throw)
+        return on_auto_axes(lambda y, a, ts: solve(f, y, ts, a, **kw), mesh, y0, args, t_span)
     adjoint = Auto() if adjoint is None else adjoint
     problem, ctx = _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps)
     saveat, s, t0, ts_tau, fn_tau, args_ext, y0 = ctx
@@ -141,6 +147,9 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
     to_jnp = lambda x: None if x is None else jnp.asarray(x, tdtype)
     grid, ts_tau, t0, tau0, tau1 = map(to_jnp, (grid, ts_tau, t0, tau0, tau1))
     plan = SavePlan(fn=fn_tau, ts=ts_tau, steps=saveat.steps, dense=saveat.dense, slots=slots)
+    if isinstance(step, Adaptive) and hasattr(solver, "with_tolerances"):
+        # implicit solvers stop their Newton iterations relative to the controller's tolerances
+        solver = solver.with_tolerances(step.rtol, step.atol)
     problem = Problem(
         solver=solver.with_user_args(lambda a: a[0]),
         f=f_args,

@@ -1,5 +1,11 @@
-"""Finite-difference vocabulary on 1-, 2- and 3-d JAX arrays (see docs/stencil.md)."""
+"""Finite-difference vocabulary on 1-, 2- and 3-d JAX arrays (see docs/stencil.md), and halo
+exchange for fields sharded over several devices (:mod:`odegrad.stencil.halo`, docs/scaleout.md)."""
 
+# halo exchange: importable as og.stencil.sharded etc., outside __all__ (the operator vocabulary)
+from . import halo as halo
+from .halo import exchange_halo as exchange_halo
+from .halo import halo_bytes as halo_bytes
+from .halo import sharded as sharded
 from .operators import (
     all,
     av,
