@@ -107,6 +107,12 @@ def test_rock2_carries_every_published_degree():
     assert s.max_stages == 200 and s.stability_limit > 32000
 
 
+def test_rock4_carries_every_published_degree():
+    assert tuple(sorted(rc.ROCK4)) == rc.ROCK4_MS_PUBLISHED and len(rc.ROCK4) == 50
+    s = og.ROCK4()
+    assert s.max_stages == 152 and s.stability_limit > 8000
+
+
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_max_step_is_stability_limit_over_rho(solver):
     s = solver(spectral_radius=lambda t, y, a: 1e4)
@@ -260,3 +266,62 @@ def test_rock2_interpolating_gradient_close_to_discrete():
         g[type(adjoint).__name__] = jax.grad(loss, argnums=(0, 1))(1.0, y0)
     np.testing.assert_allclose(g["Interpolating"][0], g["Discrete"][0], rtol=1e-4)
     np.testing.assert_allclose(g["Interpolating"][1], g["Discrete"][1], rtol=1e-4, atol=1e-6)
+
+
+# -- the stage recurrence's own derivative rules -----------------------------------------------
+
+
+def _fd4(fn, x, v, eps=1e-4):
+    """Fourth-order central difference of ``fn`` at ``x`` in direction ``v``."""
+    return (
+        -fn(x + 2 * eps * v) + 8 * fn(x + eps * v) - 8 * fn(x - eps * v) + fn(x - 2 * eps * v)
+    ) / (12 * eps)
+
+
+@pytest.mark.parametrize("memory", [None, 2000])
+@pytest.mark.parametrize(
+    "solver,dt,rtol",
+    # ROCK4's 28-stage steps round the loss to ~1e-12, which caps a difference quotient at ~1e-7
+    [(og.ROCK2, 0.002, 1e-9), (og.ROCK2, 0.05, 1e-9), (og.ROCK4, 0.05, 3e-7), (og.RKC, 0.05, 1e-9)],
+)
+def test_recurrence_gradient_matches_finite_differences(solver, dt, rtol, memory, monkeypatch):
+    """The custom rule (reverse recurrence over the stages really taken) against 4th-order
+    central differences in float64, with few stages (kept by the primal pass) and many (the
+    reverse pass recomputes them; ``memory=2000`` bytes forces checkpointed segments)."""
+    from odegrad.solvers import stabilized
+
+    if memory is not None:
+        monkeypatch.setattr(stabilized, "STAGE_MEMORY", memory)
+    # float64: x64 is on for the whole test suite (conftest.py)
+    f, _, x = heat(32)
+    g = lambda t, y, a: f(t, y, a[0]) + a[1] * jnp.sin(y) * (1.0 + t)  # nonlinear, t-dependent
+    y0 = smooth_y0(x)
+    a0 = jnp.asarray([1.0, 0.3])
+
+    def loss(a, y):
+        sol = og.solve(g, y, (0.0, 0.1), (a[0], a[1]), solver=solver(), step=og.Fixed(dt))
+        return jnp.sum(sol.ys[-1] ** 2)
+
+    stages = int(solver().stage_count(1.2 * 4.0 / (1.0 / 33) ** 2 * dt))
+    g_a, g_y = jax.jit(jax.grad(loss, argnums=(0, 1)))(a0, y0)
+    v = jnp.asarray(np.random.default_rng(1).standard_normal(y0.shape))
+    fd_y = _fd4(lambda y: loss(a0, y), y0, v)
+    fd_a = _fd4(lambda a: loss(a, y0), a0, jnp.asarray([1.0, 0.0]))
+    np.testing.assert_allclose(jnp.vdot(g_y, v), fd_y, rtol=rtol, err_msg=f"{stages} stages")
+    np.testing.assert_allclose(g_a[0], fd_a, rtol=rtol, err_msg=f"{stages} stages")
+    # forward mode (the tangent recurrence) gives the same numbers
+    jf = jax.jacfwd(loss)(a0, y0)
+    np.testing.assert_allclose(jf, g_a, rtol=1e-11)
+
+
+def test_recurrence_gradient_under_vmap():
+    f, _, x = heat(16)
+    y0 = smooth_y0(x)
+
+    def loss(a):
+        sol = og.solve(f, y0, (0.0, 0.05), a, solver=og.ROCK2(), step=og.Fixed(0.025))
+        return jnp.sum(sol.ys[-1] ** 2)
+
+    a = jnp.asarray([0.5, 1.0, 2.0])
+    batched = jax.vmap(jax.grad(loss))(a)
+    np.testing.assert_allclose(batched, [jax.grad(loss)(ai) for ai in a], rtol=1e-6)

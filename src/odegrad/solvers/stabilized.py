@@ -12,18 +12,23 @@ on Jacobian-vector products ``jax.jvp(lambda y: f(t, y, args), (y,), (v,))`` car
 solver state (hence ``state_from_y = False``), times a safety factor. The stage count is a
 discrete choice made under ``lax.stop_gradient``: no derivative flows through ``rho``.
 
-Differentiability. The stage count varies per step at run time, so each stage recurrence is a
-static-length ``lax.scan`` (the largest degree the method allows, in blocks, see
-:func:`masked_scan`) whose iterations beyond the chosen degree are skipped with ``lax.cond``: a
-static-length scan is reverse-differentiable, so ``jax.vjp(step)`` (the Discrete adjoint) works,
-the body (and ``f``) is traced once (small compile time), and on one device only the active
-iterations evaluate ``f``. Caveats: under
-``jax.vmap`` the ``cond`` becomes a ``select`` and every iteration evaluates ``f``; the reverse
-pass of one step keeps residuals for the full static length.
+Differentiability. The stage count varies per step at run time, so the stages of a step run in
+a ``lax.fori_loop`` over the stages really taken (:func:`two_step_recurrence`; ROCK2's finishing
+procedure is two more stages of the same form), and the loop carries its own derivative rules,
+since a dynamic-length loop cannot be reverse-differentiated by JAX: a ``jax.custom_jvp`` whose
+tangent is a linear map with a hand-written transpose (``lax.custom_linear_solve`` with the
+identity as its matrix). Forward mode runs the tangent recurrence; reverse mode (``jax.vjp`` of
+the step: the Discrete adjoint) runs the transposed recurrence, stage ``n`` down to 1, with one
+``jax.vjp`` of ``f`` per stage taken, over stages that the primal pass kept (up to
+:data:`KEPT_STAGES`) or that the reverse pass recomputes once into a buffer of the step's
+capacity class (checkpointed segments beyond :data:`STAGE_MEMORY` bytes). The continuous
+adjoints integrate the adjoint equation with these solvers forward in their own time. Second
+derivatives through a step are not supported. Every state is a loop output, so XLA materialises
+it before the next stencil reads it (instead of recomputing its producer once per neighbour).
 
 Stage counts are capped by ``max_stages`` (RKC) or by the largest tabulated degree carried in
-:mod:`._rock_coefficients` (ROCK2: 200 stages, ``dt * rho <~ 32400``; ROCK4: 54 stages,
-``dt * rho <~ 1000``), which bounds the stable ``dt * rho`` by :attr:`_Stabilized.stability_limit`
+:mod:`._rock_coefficients` (ROCK2: 200 stages, ``dt * rho <~ 32400``; ROCK4: 152 stages,
+``dt * rho <~ 8150``), which bounds the stable ``dt * rho`` by :attr:`_Stabilized.stability_limit`
 (``rho`` with the safety factor). An adaptive solve clips its steps to ``stability_limit / rho``
 (:meth:`_Stabilized.max_step`, the solver hook the loop reads). A longer step (a fixed step,
 ``og.Fixed`` / ``og.StepTo``) is not stable and is not taken silently: its ``y1`` is NaN, so the
@@ -43,6 +48,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from .._tree import is_inexact_array
 from . import _rock_coefficients as _rc
@@ -111,39 +117,273 @@ def _like(new, old):
     return jax.tree.map(lambda a, b: jnp.asarray(a, jnp.result_type(b)), new, old)
 
 
-def masked_scan(stage, carry, xs, n_active):
-    """``carry = stage(carry, x)`` for the first ``n_active`` (traced) entries of ``xs``.
+#: Stages that the primal pass of a differentiated step keeps for its reverse pass. A step with
+#: more stages is recomputed by its reverse pass, into a buffer of its capacity class
+#: (``8 * KEPT_STAGES``, or the most stages the method takes): a buffer's size is fixed when the
+#: program is compiled, and writing it costs memory traffic in every step, so it is kept close to
+#: the stage count really taken.
+KEPT_STAGES = 2
+#: Bytes that the reverse pass of one step may keep of its stages; beyond that it keeps
+#: checkpoints every ``B`` stages and recomputes one segment of ``B`` stages at a time.
+STAGE_MEMORY = 128 * 2**20
 
-    A static-length, reverse-differentiable replacement for a dynamic-trip-count loop: the
-    entries are grouped in blocks of ``~sqrt(len)``; an outer ``lax.scan`` skips whole blocks
-    past ``n_active`` with ``lax.cond`` and an inner one skips single entries, so a step pays
-    ``~2 sqrt(len)`` skipped iterations at most, and ``stage`` (``f``) is traced once.
+
+def _segment_length(n_max: int, state_bytes: int, budget: int | None = None) -> int:
+    """Stages ``B`` per stored segment: every stage while ``n_max`` of them fit in ``budget``,
+    else the largest ``B`` with ``B + 2 ceil(n_max / B) + 2`` states in it (at least
+    ``~sqrt(2 n_max)``, the fewest states any segment length gives)."""
+    if n_max <= 1:
+        return 1
+    states = (STAGE_MEMORY if budget is None else budget) // max(state_bytes, 1)
+    if n_max + 4 <= states:
+        return n_max
+    b_min = max(2, math.isqrt(2 * n_max))
+    for b in range(n_max, b_min - 1, -1):
+        if b + 2 + 2 * -(-n_max // b) <= states:
+            return b
+    return b_min
+
+
+def _capacities(n_max: int, kept: int) -> list[int]:
+    """The capacity classes of the recomputing reverse pass, for stage counts above ``kept``:
+    ``8 kept``, then everything (each class is one more copy of the stage loops to compile)."""
+    return [c for c in (8 * kept,) if c < n_max] + ([n_max] if n_max > kept else [])
+
+
+def _tree_bytes(tree) -> int:
+    return sum(
+        int(np.prod(jnp.shape(x))) * jnp.result_type(x).itemsize for x in jax.tree.leaves(tree)
+    )
+
+
+def _get(buf, i):
+    return jax.tree.map(lambda b: lax.dynamic_index_in_dim(b, i, keepdims=False), buf)
+
+
+def _put(buf, i, x):
+    return jax.tree.map(lambda b, v: lax.dynamic_update_index_in_dim(b, v, i, 0), buf, x)
+
+
+def _buffer(x, n):
+    # uninitialised where the backend allows it (GPU); zeros on CPU
+    return jax.tree.map(lambda v: lax.empty((n, *jnp.shape(v)), jnp.result_type(v)), x)
+
+
+def _fori_pairs(lo, hi, body, carry):
+    """``lax.fori_loop(lo, hi, body, carry)`` two iterations per loop trip. A body that shifts
+    its carry (``(p, q) -> (q, new)``) makes XLA copy the shifted arrays in every trip of a
+    while loop (an output slot must reuse its input slot's buffer); two iterations per trip
+    return two new arrays instead, and the odd one left runs in a loop of at most one trip."""
+    pairs = (hi - lo) // 2
+    carry = lax.fori_loop(0, pairs, lambda j, c: body(lo + 2 * j + 1, body(lo + 2 * j, c)), carry)
+    return lax.fori_loop(lo + 2 * pairs, hi, body, carry)
+
+
+def _differentiable(x) -> bool:
+    return isinstance(x, jax.Array | np.ndarray | np.generic | float | complex) and jnp.issubdtype(
+        jnp.result_type(x), jnp.inexact
+    )
+
+
+def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
+    """``u_i = stage(u_{i-1}, u_{i-2}, xs[i-1], theta, consts)`` for ``i = 1..n``, from
+    ``u_{-1} = prev``, ``u_0 = cur``; returns ``(u_{n-1}, u_n)``. ``n`` is traced
+    (``<= len(xs)``). Its outputs are loop outputs, so XLA materialises them: a stage that
+    reads a state through a stencil never recomputes the state's producer once per neighbour.
+
+    The stage count of a stabilised step is a run-time value, so the loop is a ``fori_loop``
+    over the stages really taken, and it carries its own derivative rules (a ``jax.custom_jvp``
+    whose tangent is a linear map with a custom transpose), in ``prev``, ``cur`` and ``theta``
+    (``consts`` and ``xs`` are constants):
+
+    * forward mode (``jax.jvp``, ``og.Forward``): the tangent recurrence, one ``jax.jvp`` of
+      ``stage`` per stage, alongside the primal;
+    * reverse mode (``jax.vjp``: the Discrete adjoint): the transposed recurrence, stage ``n``
+      down to 1, with one ``jax.vjp`` of ``stage`` (so of ``f``) per stage taken. The primal pass
+      keeps up to :data:`KEPT_STAGES` stages; a step with more is recomputed once by the reverse
+      pass into a buffer of its capacity class, and where that would pass
+      :data:`STAGE_MEMORY` bytes, the state pair every ``B`` stages is kept instead and one
+      segment of ``B`` stages at a time is recomputed.
+
+    Second derivatives through it are not supported.
     """
-    length = jax.tree.leaves(xs)[0].shape[0]
-    block = max(4, math.isqrt(length - 1) + 1)
-    nb = -(-length // block)
-    pad = nb * block - length
+    th_leaves, th_def = jax.tree.flatten(theta)
+    mask = [_differentiable(v) for v in th_leaves]
+    th_diff = [jnp.asarray(v) for v, m in zip(th_leaves, mask, strict=True) if m]
+    th_static = [v for v, m in zip(th_leaves, mask, strict=True) if not m]
+    consts = (_sg(consts), th_static)
+    xs = _sg(xs)
+    n_max = jax.tree.leaves(xs)[0].shape[0]
+    kept = max(1, min(n_max, KEPT_STAGES))
+    caps = _capacities(n_max, kept)
+    state_bytes = _tree_bytes(cur)
 
-    def blocked(a):
-        a = jnp.concatenate([a, jnp.zeros((pad, *a.shape[1:]), a.dtype)])
-        return a.reshape(nb, block, *a.shape[1:])
+    def call(u1, u2, x, thd, cs):
+        user_consts, static = cs
+        it_d, it_s = iter(thd), iter(static)
+        leaves = [next(it_d) if m else next(it_s) for m in mask]
+        th = jax.tree.unflatten(th_def, leaves)
+        return _like(stage(u1, u2, x, th, user_consts), u1)
 
-    xs = jax.tree.map(blocked, xs)
+    def x_at(xs, i):
+        return jax.tree.map(lambda a: a[i], xs)
 
-    def inner(c, xi):
-        i, x = xi
-        return lax.cond(i < n_active, lambda c_: _like(stage(c_, x), c_), lambda c_: c_, c), None
+    def plain(prev, cur, thd, cs, xs, n):
+        def body(i, c):
+            p, q = c
+            return q, call(q, p, x_at(xs, i), thd, cs)
 
-    def outer(c, xb):
-        b, xblock = xb
-        idx = b * block + jnp.arange(block)
-        # rematerialised in the reverse pass: residuals are one carry per block, not one per
-        # stage of the largest degree (which would store max_stages states for every step)
-        run = jax.checkpoint(lambda c_: lax.scan(inner, c_, (idx, xblock))[0])
-        return lax.cond(b * block < n_active, run, lambda c_: c_, c), None
+        return _fori_pairs(0, n, body, (prev, cur))
 
-    carry, _ = lax.scan(outer, carry, (jnp.arange(nb), xs))
-    return carry
+    def run(i0, count, p, q, buf, width, thd, cs, xs):
+        """Stages ``i0 + 1 .. i0 + count`` from ``(p, q) = (u_{i0-1}, u_{i0})``; the pair goes to
+        ``buf[0:2]`` and stage ``i0 + 1 + r`` to ``buf[2 + min(r, width - 1)]``."""
+        buf = _put(_put(buf, 0, p), 1, q)
+
+        def body(r, c):
+            p, q, buf = c
+            u = call(q, p, x_at(xs, i0 + r), thd, cs)
+            return q, u, _put(buf, 2 + jnp.minimum(r, width - 1), u)
+
+        return lax.fori_loop(0, count, body, (p, q, buf))
+
+    def back(i0, count, buf, thd, cs, xs, acc):
+        """The transposed stages ``i0 + count .. i0 + 1``, whose inputs are in ``buf``;
+        ``acc = (cotangent of u_i, partial cotangent of u_{i-1}, of theta)``."""
+
+        def body(rr, c):
+            g, h, ct_th = c
+            r = count - 1 - rr
+            if isinstance(buf, list):  # the one stage of a one-stage recurrence
+                u2, u1 = buf
+            else:
+                u1, u2 = _get(buf, r + 1), _get(buf, r)
+            x = x_at(xs, i0 + r)
+            _, vjp = jax.vjp(lambda a, b, t: call(a, b, x, t, cs), u1, u2, thd)
+            c1, c2, cth = vjp(g)
+            return _lc((1.0, h), (1.0, c1)), c2, _lc((1.0, ct_th), (1.0, cth))
+
+        return lax.fori_loop(0, count, body, acc)
+
+    def recompute_back(cap, prev, cur, thd, cs, xs, n, acc):
+        """Recompute ``n <= cap`` stages and run them backwards, in segments if need be."""
+        seg = _segment_length(cap, state_bytes)
+        n_seg = -(-cap // seg)
+        buf = _buffer(cur, seg + 2)
+        marks = _buffer((prev, cur), n_seg) if n_seg > 1 else None
+
+        def fwd(j, c):
+            p, q, buf, marks = c
+            if marks is not None:
+                marks = _put(marks, j, (p, q))
+            p, q, buf = run(j * seg, jnp.minimum(seg, n - j * seg), p, q, buf, seg, thd, cs, xs)
+            return p, q, buf, marks
+
+        last = -(-n // seg) - 1
+        _, _, buf, marks = lax.fori_loop(0, last + 1, fwd, (prev, cur, buf, marks))
+
+        def bwd(k, c):
+            j = last - k
+            acc, buf = c
+            if marks is not None:  # an earlier segment: recompute its stages from its mark
+                p, q = _get(marks, j)
+                _, _, buf = run(j * seg, jnp.where(k > 0, seg, 0), p, q, buf, seg, thd, cs, xs)
+            count = jnp.minimum(seg, n - j * seg)
+            return back(j * seg, count, buf, thd, cs, xs, acc), buf
+
+        return lax.fori_loop(0, last + 1, bwd, (acc, buf))[0]
+
+    def tangent(prev, cur, thd, cs, xs, n, dprev, dcur, dthd):
+        def body(i, c):
+            p, q, dp, dq = c
+            x = x_at(xs, i)
+            u, du = jax.jvp(lambda a, b, t: call(a, b, x, t, cs), (q, p, thd), (dq, dp, dthd))
+            return q, u, dq, du
+
+        _, _, dp, dq = lax.fori_loop(0, n, body, (prev, cur, dprev, dcur))
+        return dp, dq
+
+    def reverse(prev, cur, thd, cs, xs, n, kept_buf, ct_out):
+        acc = (ct_out[1], ct_out[0], _zeros_like(thd))
+        if kept_buf is None:  # at most one stage: its inputs are (cur, prev)
+            g, h, ct_th = back(0, n, [prev, cur], thd, cs, xs, acc)
+            return h, g, ct_th
+        branches = [lambda acc: back(0, n, kept_buf, thd, cs, xs, acc)]
+        branches += [
+            lambda acc, cap=cap: recompute_back(cap, prev, cur, thd, cs, xs, n, acc) for cap in caps
+        ]
+        which = jnp.where(n <= kept, 0, 1 + jnp.searchsorted(jnp.asarray(caps or [0]), n))
+        g, h, ct_th = lax.switch(jnp.minimum(which, len(branches) - 1), branches, acc)
+        return h, g, ct_th  # cotangents of prev (u_{-1}), cur (u_0), theta
+
+    @jax.custom_jvp
+    def rec(prev, cur, thd, cs, xs, n):
+        return plain(prev, cur, thd, cs, xs, n)
+
+    def rec_jvp(primals, tangents):
+        prev, cur, thd, cs, xs, n = primals
+        # the primal, keeping its first stages (all of them when n <= kept) for the reverse pass
+        if n_max > 1:
+            p, q, kept_buf = run(0, n, prev, cur, _buffer(cur, kept + 2), kept, thd, cs, xs)
+            out = (p, q)
+        else:
+            out, kept_buf = plain(prev, cur, thd, cs, xs, n), None
+        flat, tdef = jax.tree.flatten(tuple(tangents[:3]), is_leaf=_is_symbolic_zero)
+        live = [i for i, t in enumerate(flat) if not _is_symbolic_zero(t)]
+        out_leaves, out_def = jax.tree.flatten(out)
+        if not live:
+            return out, _zeros_like(out)
+        # The tangent map (du_{-1}, du_0, dtheta) -> (du_{n-1}, du_n) is linear and has a
+        # hand-written transpose (the reverse recurrence). lax.custom_linear_solve is JAX's
+        # public way to give a linear map its own transpose; here its "matrix" is the identity,
+        # so its "solve" is the map itself. Its right-hand side must be the perturbed tangents
+        # only, and it is square: the output pair goes out through the slots of the input pair
+        # (same shapes) where those are perturbed, else through a zero slot made from a
+        # perturbed tangent (so it is linear too).
+        slots, extra = [], []
+        for j, o in enumerate(out_leaves):
+            if j in live:
+                slots.append(live.index(j))
+            else:
+                slots.append(len(live) + len(extra))
+                seed = flat[live[0]]
+                extra.append(jnp.zeros_like(o) + (0 * jnp.sum(seed)).astype(jnp.result_type(o)))
+        b = [flat[i] for i in live] + extra
+
+        def expand(vals):
+            full = [
+                jnp.zeros(jnp.shape(p), jnp.result_type(p)) for p in jax.tree.leaves(primals[:3])
+            ]
+            for i, v in zip(live, vals, strict=False):
+                full[i] = v
+            return jax.tree.unflatten(tdef, full)
+
+        def solve(_, b):
+            dp, dc, dth = expand(b[: len(live)])
+            du = jax.tree.leaves(tangent(prev, cur, thd, cs, xs, n, dp, dc, dth))
+            x = [jnp.zeros_like(v) for v in b]
+            for j, s_ in enumerate(slots):
+                x[s_] = du[j]
+            return x
+
+        def transpose_solve(_, ct):
+            ct_out = jax.tree.unflatten(out_def, [ct[s_] for s_ in slots])
+            back_ = jax.tree.leaves(reverse(prev, cur, thd, cs, xs, n, kept_buf, ct_out))
+            return [back_[i] for i in live] + [jnp.zeros_like(v) for v in extra]
+
+        x = lax.custom_linear_solve(lambda v: v, b, solve, transpose_solve)
+        return out, jax.tree.unflatten(out_def, [x[s_] for s_ in slots])
+
+    rec.defjvp(rec_jvp, symbolic_zeros=True)
+    return rec(prev, cur, th_diff, consts, xs, n)
+
+
+def _is_symbolic_zero(x) -> bool:
+    return isinstance(x, SymbolicZero)
+
+
+def _zeros_like(tree):
+    return jax.tree.map(jnp.zeros_like, tree)
 
 
 class _Stabilized(AbstractSolver):
@@ -306,57 +546,37 @@ class RKC(_Stabilized):
         b1 = 1.0 / (2.0 * w0) ** 2
         mus1 = w1 * b1
         zero, one = jnp.zeros((), tdt), jnp.ones((), tdt)
-        carry = {
-            "y2": y0,
-            "y1": _lc((1.0, y0), (dt * mus1, f0)),
-            "th2": zero,
-            "th1": mus1,
-            "z2": one,
-            "z1": w0,
-            "dz2": zero,
-            "dz1": one,
-            "d2z2": zero,
-            "d2z1": zero,
-            "b2": b1,
-            "b1": b1,
-        }
+        # the stage pair (u_{j-2}, u_{j-1}) and the scalar Chebyshev quantities of each stage
+        prev = {"y": y0, "th": zero, "z": one, "dz": zero, "d2z": zero, "b": b1}
+        cur = {"y": _lc((1.0, y0), (dt * mus1, f0)), "th": mus1, "z": w0, "dz": one,
+               "d2z": zero, "b": b1}  # fmt: skip
 
-        def stage(c, _):
-            zj = 2 * w0 * c["z1"] - c["z2"]
-            dzj = 2 * w0 * c["dz1"] - c["dz2"] + 2 * c["z1"]
-            d2zj = 2 * w0 * c["d2z1"] - c["d2z2"] + 4 * c["dz1"]
+        def stage(c1, c2, _, theta, consts):
+            t0, dt, y0, f0, args = theta
+            w0, w1 = consts
+            zj = 2 * w0 * c1["z"] - c2["z"]
+            dzj = 2 * w0 * c1["dz"] - c2["dz"] + 2 * c1["z"]
+            d2zj = 2 * w0 * c1["d2z"] - c2["d2z"] + 4 * c1["dz"]
             bj = d2zj / (dzj * dzj)
-            a1 = 1.0 - c["z1"] * c["b1"]
-            mu = 2 * w0 * bj / c["b1"]
-            nu = -bj / c["b2"]
+            a1 = 1.0 - c1["z"] * c1["b"]
+            mu = 2 * w0 * bj / c1["b"]
+            nu = -bj / c2["b"]
             mus = mu * w1 / w0
-            k = f(t0 + dt * c["th1"], c["y1"], args)
+            k = f(t0 + dt * c1["th"], c1["y"], args)
             yj = _lc(
-                (mu, c["y1"]),
-                (nu, c["y2"]),
+                (mu, c1["y"]),
+                (nu, c2["y"]),
                 (1.0 - mu - nu, y0),
                 (dt * mus, k),
                 (-dt * mus * a1, f0),
             )
-            thj = mu * c["th1"] + nu * c["th2"] + mus * (1.0 - a1)
-            return {
-                "y2": c["y1"],
-                "y1": yj,
-                "th2": c["th1"],
-                "th1": thj,
-                "z2": c["z1"],
-                "z1": zj,
-                "dz2": c["dz1"],
-                "dz1": dzj,
-                "d2z2": c["d2z1"],
-                "d2z1": d2zj,
-                "b2": c["b1"],
-                "b1": bj,
-            }
+            thj = mu * c1["th"] + nu * c2["th"] + mus * (1.0 - a1)
+            return {"y": yj, "th": thj, "z": zj, "dz": dzj, "d2z": d2zj, "b": bj}
 
-        # stages j = 2..s (static length max_stages - 1, the rest skipped)
-        carry = masked_scan(stage, carry, jnp.zeros(self.max_stages - 1, tdt), s - 1)
-        y1 = carry["y1"]
+        # stages j = 2..s
+        theta = (t0, dt, y0, f0, args)
+        xs = jnp.zeros(self.max_stages - 1, tdt)
+        y1 = two_step_recurrence(stage, prev, cur, theta, (w0, w1), xs, s - 1)[1]["y"]
 
         def err_of(f1):
             return _lc((0.8, y0), (-0.8, y1), (0.4 * dt, f0), (0.4 * dt, f1))
@@ -370,9 +590,10 @@ class RKC(_Stabilized):
 
 
 def _recurrence_tables(blocks: dict):
-    """Padded per-degree tables: degrees, mu_1, mu_i and kappa_i (i = 2..ms), zero beyond ms."""
+    """Padded per-degree tables: degrees, mu_1, mu_i and kappa_i (i = 2..ms), zero beyond ms
+    (one column more than the largest degree needs: room for a finishing stage)."""
     degrees = np.array(sorted(blocks), dtype=np.int32)
-    width = max(int(degrees.max()) - 1, 1)
+    width = max(int(degrees.max()), 1)
     mu1 = np.zeros(len(degrees))
     mu = np.zeros((len(degrees), width))
     kappa = np.zeros((len(degrees), width))
@@ -386,21 +607,34 @@ def _recurrence_tables(blocks: dict):
     return degrees, mu1, mu, kappa
 
 
-def _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1, mu_row, kappa_row):
-    """The ``ms``-stage recurrence ``u_i = dt mu_i f(u_{i-1}) + (1+kappa_i) u_{i-1} - kappa_i
-    u_{i-2}`` (``u_0 = y0``, ``u_1 = y0 + dt mu_1 f0``); returns ``(u_ms, t_ms)``."""
-    carry = (y0, _lc((1.0, y0), (dt * mu1, f0)), t0, t0 + dt * mu1)
+def _orthogonal_stage(f):
+    """One stage ``u_i = dt mu_i f(u_{i-1}) + (1 + kappa_i) u_{i-1} - kappa_i u_{i-2}``, with its
+    time, for :func:`two_step_recurrence` (``x = (mu_i, kappa_i)``, ``theta = (dt, args)``)."""
 
-    def stage(c, x):
+    def stage(c1, c2, x, theta, _):
+        (u1, t1), (u2, t2) = c1, c2
         mu, kap = x
-        u2, u1, t2, t1 = c
+        dt, args = theta
         k = f(t1, u1, args)
         u = _lc((dt * mu, k), (1.0 + kap, u1), (-kap, u2))
-        return (u1, u, t1, dt * mu + (1.0 + kap) * t1 - kap * t2)
+        return u, dt * mu + (1.0 + kap) * t1 - kap * t2
 
-    # stages i = 2..ms
-    _, u, _, t = masked_scan(stage, carry, (mu_row, kappa_row), ms - 1)
-    return u, t
+    return stage
+
+
+def _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1, mu_row, kappa_row, extra=None):
+    """The ``ms``-stage recurrence ``u_i = dt mu_i f(u_{i-1}) + (1+kappa_i) u_{i-1} - kappa_i
+    u_{i-2}`` (``u_0 = y0``, ``u_1 = y0 + dt mu_1 f0``), and with ``extra = (mu, kappa)`` one
+    stage more of the same form; returns the last two ``(u, t)``."""
+    t0 = jnp.asarray(t0, jnp.result_type(dt, t0))
+    prev = (y0, t0)
+    cur = (_lc((1.0, y0), (dt * mu1, f0)), t0 + dt * mu1)
+    n = ms - 1  # stages i = 2..ms
+    if extra is not None:
+        mu_row, kappa_row = mu_row.at[n].set(extra[0]), kappa_row.at[n].set(extra[1])
+        n = ms
+    xs = (mu_row, kappa_row)
+    return two_step_recurrence(_orthogonal_stage(f), prev, cur, (dt, args), None, xs, n)
 
 
 class _ROCK(_Stabilized):
@@ -438,14 +672,19 @@ class _ROCK(_Stabilized):
         idx = jnp.searchsorted(jnp.asarray(self.degrees), need.astype(jnp.int32), side="left")
         return jnp.minimum(idx, len(self.degrees) - 1)
 
-    def _recurrence(self, f, t0, dt, y0, args, f0, h_rho):
-        """The orthogonal Chebyshev recurrence of the degree ``h_rho`` needs: ``(u, t, idx, ms)``
-        with ``idx`` the row of the coefficient tables and ``ms`` the degree."""
+    def _recurrence(self, f, t0, dt, y0, args, f0, h_rho, extra=None):
+        """The orthogonal Chebyshev recurrence of the degree ``h_rho`` needs (and ``extra``, see
+        :func:`_orthogonal_recurrence`): ``(last two (u, t), idx, ms)`` with ``idx`` the row of
+        the coefficient tables and ``ms`` the degree."""
         degrees, mu1, mu, kappa = self._tables(jnp.result_type(dt))
         idx = self._degree_index(h_rho)
         ms = degrees[idx]
-        u, t = _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1[idx], mu[idx], kappa[idx])
-        return u, t, idx, ms
+        if extra is not None:
+            extra = tuple(jnp.asarray([e[d] for d in self.degrees], mu.dtype)[idx] for e in extra)
+        pair = _orthogonal_recurrence(
+            f, t0, dt, y0, args, f0, ms, mu1[idx], mu[idx], kappa[idx], extra
+        )
+        return pair, idx, ms
 
     def stage_count(self, h_rho):
         idx = self._degree_index(h_rho)
@@ -469,16 +708,27 @@ class ROCK2(_ROCK):
     _stage_extra = 2
 
     def _advance(self, f, t0, dt, y0, args, f0, h_rho):
+        # The finishing procedure k1 = f(u), u1 = u + d1 k1, k2 = f(u1),
+        # y1 = u1 + d1 k2 + d2 (k2 - k1) (d = dt fp) is two more stages of the recurrence's form:
+        # u1 = u + d1 f(u), then y1 = (d1 + d2) f(u1) + (1 + kappa) u1 - kappa u with
+        # kappa = -d2 / d1 (k1 = (u1 - u) / d1). So every stage is a loop stage: XLA materialises
+        # each state before the next stencil reads it, and the reverse pass is one clean loop.
+        fp1 = {d: self._table[d][0] for d in self.degrees}
+        fp2 = {d: self._table[d][1] for d in self.degrees}
+        zero = dict.fromkeys(self.degrees, 0.0)
+        ((u, t), (ua, ta)), idx, ms = self._recurrence(
+            f, t0, dt, y0, args, f0, h_rho, extra=(fp1, zero)
+        )
         tdt = jnp.result_type(dt)
-        u, t, idx, ms = self._recurrence(f, t0, dt, y0, args, f0, h_rho)
-        fp1 = jnp.asarray([self._table[d][0] for d in self.degrees], tdt)[idx]
-        fp2 = jnp.asarray([self._table[d][1] for d in self.degrees], tdt)[idx]
-        d1, d2 = dt * fp1, dt * fp2
-        k1 = f(t, u, args)
-        u1 = _lc((1.0, u), (d1, k1))
-        k2 = f(t + d1, u1, args)
-        err = _lc((d2, k2), (-d2, k1))
-        y1 = _lc((1.0, u1), (d1, k2), (1.0, err))
+        c1 = jnp.asarray([fp1[d] for d in self.degrees], tdt)[idx]
+        c2 = jnp.asarray([fp2[d] for d in self.degrees], tdt)[idx]
+        xs = ((c1 + c2)[None], (-c2 / c1)[None])
+        # (n = min(ms, 1) = 1, but traced: XLA keeps the one-trip loop, and with it the fence)
+        _, (y1, _) = two_step_recurrence(
+            _orthogonal_stage(f), (u, t), (ua, ta), (dt, args), None, xs, jnp.minimum(ms, 1)
+        )
+        # the embedded estimate d2 (k2 - k1) = d2 / (d1 + d2) (y1 - 2 u1 + u)
+        err = _lc((c2 / (c1 + c2), y1), (-2.0 * c2 / (c1 + c2), ua), (c2 / (c1 + c2), u))
         return y1, (lambda f1: err), ms + 1
 
 
@@ -499,7 +749,7 @@ class ROCK4(_ROCK):
 
     def _advance(self, f, t0, dt, y0, args, f0, h_rho):
         tdt = jnp.result_type(dt)
-        u, t, idx, ms = self._recurrence(f, t0, dt, y0, args, f0, h_rho)
+        (_, (u, t)), idx, ms = self._recurrence(f, t0, dt, y0, args, f0, h_rho)
         fpa = jnp.asarray([self._table[d][0] for d in self.degrees], tdt)[idx] * dt
         fpb = jnp.asarray([self._table[d][1] for d in self.degrees], tdt)[idx] * dt
         fpbe = jnp.asarray([self._table[d][2] for d in self.degrees], tdt)[idx] * dt
@@ -518,4 +768,4 @@ class ROCK4(_ROCK):
         return y1, err_of, ms + 3
 
 
-__all__ = ["RKC", "ROCK2", "ROCK4", "masked_scan", "power_iteration"]
+__all__ = ["RKC", "ROCK2", "ROCK4", "power_iteration", "two_step_recurrence"]
