@@ -284,7 +284,7 @@ def environment() -> str:
 # --- machine-readable results (``--json PATH``), aggregated by ``python -m odegrad bench`` ----
 
 #: The libraries the summary of ``python -m odegrad bench`` puts side by side, in this order.
-LIBRARIES = ("odegrad", "lax.scan", "diffrax", "torchdiffeq")
+LIBRARIES = ("odegrad", "lax.scan", "diffrax", "torchdiffeq", "scipy")
 
 
 def result_row(

@@ -64,3 +64,10 @@ def test_example_wave_scan_parity():
     """Seed 004 (a few seconds)."""
     out = _run_example("wave_scan_parity.py")
     assert "max |gradient difference|" in out
+
+
+def test_example_brusselator2d():
+    """Issue 6: a stiff PDE with GMRES and a parameter gradient (about 15 s wall on 2 busy CPU
+    cores, mostly compilation)."""
+    out = _run_example("brusselator2d.py")
+    assert "finite differences" in out

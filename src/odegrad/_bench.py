@@ -11,7 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
-KNOWN_BENCHMARKS = ("wave_scan_parity.py", "lotka_volterra.py", "diffusion3d.py")
+KNOWN_BENCHMARKS = ("wave_scan_parity.py", "lotka_volterra.py", "diffusion3d.py", "stiff.py")
 
 
 def _is_odegrad_checkout(root: Path) -> bool:
@@ -115,7 +115,7 @@ def _accepts_json(script: Path) -> bool:
 
 
 #: The libraries of the summary, in its column order (``benchmarks/_timing.py`` LIBRARIES).
-BENCH_LIBRARIES = ("odegrad", "lax.scan", "diffrax", "torchdiffeq")
+BENCH_LIBRARIES = ("odegrad", "lax.scan", "diffrax", "torchdiffeq", "scipy")
 BENCH_QUANTITIES = (
     ("gradient_s", "gradient"),
     ("forward_s", "forward"),

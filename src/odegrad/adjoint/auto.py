@@ -33,6 +33,14 @@ class Auto(AbstractAdjoint):
     It never chooses :class:`Backsolve`, whose gradient can drift. ``og.explain_adjoint`` reports
     the choice with its numbers.
 
+    Stiff problems: with an implicit solver (``og.ImplicitEuler``, ``og.Kvaerno3``,
+    ``og.Kvaerno5``, ``og.Rodas5``) the same rules pick :class:`Forward` or :class:`Discrete`,
+    which differentiate the implicit steps themselves (one linear solve per stage and direction,
+    or one transposed solve per stage in reverse), so the gradient is as stable as the forward
+    solve. Auto never integrates an adjoint ODE there: backwards in time it would need the
+    implicit solver again and, for Backsolve, a re-integration of the stiff state that is
+    unstable.
+
     Example:
         >>> og.solve(f, y0, (0.0, 1.0), args, adjoint=og.Auto())
     """
@@ -46,13 +54,21 @@ class Auto(AbstractAdjoint):
         n_in = n_state + n_params
         steps = problem.static_steps
         size = f"{n_state} state entries and {n_params} differentiable parameters"
+        stiff = ""
+        if getattr(problem.solver, "implicit", False):
+            stiff = (
+                f" The solver {problem.solver!r} is implicit (stiff problem): this method "
+                "differentiates its implicit steps directly (implicit function theorem, one "
+                "linear solve per stage), stable wherever the forward solve is; a continuous "
+                "adjoint such as Backsolve would be unstable here and is never chosen."
+            )
         if steps is None and n_in <= self.forward_max_inputs:
             text = (
                 f"Auto chose Forward(): {size} make {n_in} sensitivity directions "
                 f"(<= {self.forward_max_inputs}), and the step count is adaptive, so carrying "
                 "the sensitivities through the one forward solve is cheaper than any backward "
                 "solve."
-            )
+            ) + stiff
             return Forward(), text
         chosen = Discrete(None, self.memory_budget)
         resolved = chosen.resolve(problem)
@@ -77,7 +93,7 @@ class Auto(AbstractAdjoint):
         text = (
             f"Auto chose Discrete(checkpoints={resolved!r}) for {size} and {where}: the exact "
             f"gradient of the discretised solve; {how}."
-        )
+        ) + stiff
         return chosen, text
 
     def run(self, problem: Problem) -> LoopOutput:

@@ -14,7 +14,9 @@ from .explicit_rk import (
     Ralston,
     Tsit5,
 )
+from .implicit import ImplicitEuler, Kvaerno3, Kvaerno5
 from .partitioned import Leapfrog, SemiImplicitEuler
+from .rosenbrock import Rodas5
 from .stabilized import RKC, ROCK2, ROCK4
 
 __all__ = [
@@ -29,9 +31,13 @@ __all__ = [
     "Euler",
     "ExplicitRK",
     "Heun",
+    "ImplicitEuler",
+    "Kvaerno3",
+    "Kvaerno5",
     "Leapfrog",
     "Midpoint",
     "Ralston",
+    "Rodas5",
     "SemiImplicitEuler",
     "StepResult",
     "Tsit5",

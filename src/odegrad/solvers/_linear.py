@@ -1,0 +1,173 @@
+"""Linear algebra for the implicit solvers: solves with ``M = I - c J`` on flat state vectors.
+
+Every implicit method here needs ``x = M^{-1} b`` with ``M = I - c J``, ``J = df/dy`` at some
+point and ``c = gamma * dt``. Two ways:
+
+* ``"dense"``: ``J`` from :func:`jax.jacfwd` (one batched pass of ``n`` Jacobian-vector
+  products), ``M`` LU-factorised once and reused for every solve that shares ``c`` and ``J``;
+* ``"gmres"``: matrix-free Newton–Krylov: ``M v = v - c * jvp(f, y, v)``, solved by restarted
+  GMRES (:func:`jax.scipy.sparse.linalg.gmres`), optionally with a user preconditioner that
+  approximates ``M^{-1}``.
+
+Both are written as :func:`jax.lax.custom_linear_solve` (dense through ``jnp.linalg`` /
+``lu_solve``), so they are transposable: reverse-mode differentiation through a solve is one
+solve with ``M^T``, never a differentiated iteration.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+from jax import lax
+from jax.scipy.sparse.linalg import gmres
+
+#: ``linear_solver="auto"`` factorises dense Jacobians up to this many state entries and uses
+#: matrix-free GMRES above (a dense Jacobian costs ``n`` JVPs and ``n^3 / 3`` flops per LU).
+DENSE_MAX = 256
+
+LINEAR_SOLVERS = ("auto", "dense", "gmres")
+
+
+def check_linear_solver(name, owner: str) -> str:
+    if name not in LINEAR_SOLVERS:
+        raise ValueError(
+            f"{owner}(linear_solver={name!r}): use 'dense' (LU of I - gamma*dt*J, small "
+            f"states), 'gmres' (matrix-free Newton-Krylov, large states) or 'auto' (dense up "
+            f"to {DENSE_MAX} state entries, else gmres)."
+        )
+    return name
+
+
+def resolve(name: str, n: int) -> str:
+    """The concrete linear solver for a state of ``n`` entries."""
+    if name == "auto":
+        return "dense" if n <= DENSE_MAX else "gmres"
+    return name
+
+
+def jacobian(fx, x):
+    """Dense ``d fx / dx`` (``n x n``) of a flat function by one batched forward pass."""
+    return jax.jacfwd(fx)(x)
+
+
+class DenseSolve:
+    """``b -> (I - c J)^{-1} b`` by one LU factorisation (differentiable in ``J`` and ``c``)."""
+
+    def __init__(self, jac, c):
+        n = jac.shape[0]
+        self.lu = jsl.lu_factor(jnp.eye(n, dtype=jac.dtype) - c * jac)
+
+    def __call__(self, b):
+        return jsl.lu_solve(self.lu, b)
+
+
+def krylov(matvec, b, *, tol, restart, maxiter, precond=None, atol=0.0):
+    """``matvec^{-1} b`` by restarted GMRES, with a transpose rule for reverse mode.
+
+    Unlike calling :func:`~jax.scipy.sparse.linalg.gmres` directly, the tolerance of the
+    transposed solve (reverse mode) is relative to its own right-hand side, not the primal one.
+    """
+
+    def solve(mv, rhs):
+        x, _ = gmres(
+            mv,
+            rhs,
+            tol=tol,
+            atol=atol,
+            restart=restart,
+            maxiter=maxiter,
+            M=precond,
+            solve_method="incremental",
+        )
+        return x
+
+    def transpose_solve(vm, rhs):
+        # the preconditioner approximates M^{-1}; for M^T it is only a guess, which affects the
+        # iteration count, not the answer
+        x, _ = gmres(
+            vm,
+            rhs,
+            tol=tol,
+            atol=0.0,
+            restart=restart,
+            maxiter=maxiter,
+            M=precond,
+            solve_method="incremental",
+        )
+        return x
+
+    return lax.custom_linear_solve(matvec, b, solve=solve, transpose_solve=transpose_solve)
+
+
+class KrylovSolve:
+    """``b -> (I - c J)^{-1} b`` matrix-free, ``J v`` by :func:`jax.jvp` of ``fx`` at ``x``."""
+
+    def __init__(self, fx, x, c, *, tol, restart, maxiter, precond=None):
+        _, self.jvp = jax.linearize(fx, x)
+        self.c = c
+        self.kw = {"tol": tol, "restart": restart, "maxiter": maxiter, "precond": precond}
+
+    def matvec(self, v):
+        return v - self.c * self.jvp(v)
+
+    def __call__(self, b):
+        return krylov(self.matvec, b, **self.kw)
+
+
+class DenseNewton:
+    """Newton linear algebra, dense: the LU of ``M = I - c J(t0, y0)`` (given), refreshed on
+    request to the LU of the residual's exact Jacobian at the iterate."""
+
+    exact = False
+
+    def __init__(self, jac, c):
+        n = jac.shape[0]
+        self.lu0 = jsl.lu_factor(jnp.eye(n, dtype=jac.dtype) - c * jac)
+
+    def init(self):
+        return self.lu0
+
+    def solve(self, lu, z, residual):
+        return jsl.lu_solve(lu, residual(z))
+
+    def refresh(self, lu, z, residual, pred):
+        return lax.cond(pred, lambda: jsl.lu_factor(jax.jacfwd(residual)(z)), lambda: lu)
+
+
+class KrylovNewton:
+    """Newton linear algebra, matrix-free: GMRES on the exact JVP of the residual at the
+    current iterate (Newton–Krylov; nothing is stale, nothing to refresh)."""
+
+    exact = True
+
+    def __init__(self, *, tol, restart, maxiter, precond=None, atol=0.0):
+        self.kw = {"tol": tol, "restart": restart, "maxiter": maxiter, "precond": precond}
+        self.kw["atol"] = atol
+
+    def init(self):
+        return ()
+
+    def solve(self, data, z, residual):
+        r, jvp = jax.linearize(residual, z)
+        return krylov(jvp, r, **self.kw)
+
+    def refresh(self, data, z, residual, pred):
+        return data
+
+
+def tangent_solver(kind: str, gmres_kw: dict, precond=None):
+    """``tangent_solve(g, b)`` for :func:`jax.lax.custom_root`: ``g`` is the residual linearised
+    at the root (``g = I - c J(z*)``, exact), solved densely or by GMRES; both transposable."""
+    if kind == "dense":
+
+        def solve(g, b):
+            mat = jax.jacfwd(g)(jnp.zeros_like(b))
+            return jnp.linalg.solve(mat, b)
+
+        return solve
+
+    def solve(g, b):
+        return krylov(g, b, precond=precond, **gmres_kw)
+
+    return solve

@@ -1,0 +1,461 @@
+"""Implicit solvers (ImplicitEuler, Kvaerno3, Kvaerno5, Rodas5): orders, accuracy against CVODES
+on stiff problems, gradients through every adjoint, Newton failures, dtypes, pytrees and the
+two linear solvers.
+
+The full CVODES gradient matrix (2 problems x 2 solvers x 4 adjoints) is ``@pytest.mark.slow``;
+the default suite keeps one representative of each kind.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import odegrad as og
+from cvodes import cvodes_gradient, cvodes_solve
+from reference_problems import jax_rhs, robertson, van_der_pol
+
+RTOL, ATOL = 1e-8, 1e-10
+STIFF = {"robertson": robertson(), "van_der_pol": van_der_pol()}
+SOLVERS = {"Kvaerno5": og.Kvaerno5, "Rodas5": og.Rodas5}
+ADJOINTS = {
+    "Discrete": og.Discrete,
+    "Interpolating": og.Interpolating,
+    "Quadrature": og.Quadrature,
+    "Auto": og.Auto,
+}
+
+
+# --- orders -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "solver, order",
+    [(og.ImplicitEuler, 1), (og.Kvaerno3, 3), (og.Kvaerno5, 5), (og.Rodas5, 5)],
+    ids=["ImplicitEuler", "Kvaerno3", "Kvaerno5", "Rodas5"],
+)
+def test_convergence_order(linear, solver, order):
+    """Global error at t=2 on y' = A y + sin(t) (time-dependent, so Rodas5's df/dt term is
+    exercised) over three step sizes: the observed order matches the published one."""
+    a = jnp.asarray(linear.a)
+    f = lambda t, y, a: a @ y + jnp.sin(t)
+    from scipy.integrate import solve_ivp
+
+    exact = solve_ivp(
+        lambda t, y: linear.a @ y + np.sin(t), (0, 2), linear.y0, rtol=1e-13, atol=1e-14
+    ).y[:, -1]
+    dts = (0.2, 0.1, 0.05) if order < 5 else (0.4, 0.2, 0.1)
+    errs = []
+    for dt in dts:
+        sol = og.solve(f, jnp.asarray(linear.y0), (0.0, 2.0), a, solver=solver(), step=og.Fixed(dt))
+        errs.append(np.abs(np.asarray(sol.ys[-1]) - exact).max())
+    slopes = np.log2(np.asarray(errs[:-1]) / np.asarray(errs[1:]))
+    assert np.all(slopes > order - 0.35), (errs, slopes)
+
+
+@pytest.mark.parametrize("solver", [og.Kvaerno5, og.Rodas5], ids=["Kvaerno5", "Rodas5"])
+def test_dense_output_order(solver):
+    """The interpolant inside one step is of order 4 (local error O(dt^5)) for both."""
+    amat = jnp.asarray([[-0.5, 2.0, 0.0], [-2.0, -0.3, 0.2], [0.1, 0.0, -0.8]])
+    f = lambda t, y, a: a @ y + jnp.sin(t)
+    y0 = jnp.asarray([1.0, -0.5, 0.25])
+    from scipy.integrate import solve_ivp
+
+    s = solver()
+
+    @jax.jit
+    def mid(h):
+        res = s.step(f, 0.0, h, y0, amat, s.init(f, 0.0, y0, amat))
+        return s.interpolate(res.dense, 0.37)
+
+    errs = []
+    for h in (0.4, 0.2, 0.1):
+        ym = mid(h)
+        ex = solve_ivp(
+            lambda t, y: np.asarray(amat) @ y + np.sin(t),
+            (0, 0.37 * h),
+            np.asarray(y0),
+            rtol=1e-13,
+            atol=1e-14,
+        ).y[:, -1]
+        errs.append(np.abs(np.asarray(ym) - ex).max())
+    slopes = np.log2(np.asarray(errs[:-1]) / np.asarray(errs[1:]))
+    assert np.all(slopes > 4.4), (errs, slopes)
+
+
+# --- stiff problems against CVODES ------------------------------------------------------------
+
+
+@functools.cache
+def _forward(name: str, solver: str):
+    prob = STIFF[name]
+    f = jax_rhs(prob)
+    ts = jnp.asarray(prob.ts())
+
+    @jax.jit
+    def run(y0, p):
+        sol = og.solve(
+            f,
+            y0,
+            (prob.t0, prob.t1),
+            p,
+            solver=SOLVERS[solver](),
+            step=og.Adaptive(rtol=RTOL, atol=ATOL),
+            saveat=og.SaveAt(ts=ts),
+            max_steps=4096,
+        )
+        return sol.ys, sol.stats
+
+    return run
+
+
+@functools.cache
+def _cvodes_states(name: str):
+    prob = STIFF[name]
+    return cvodes_solve(prob, ts=prob.ts(), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("solver", list(SOLVERS))
+@pytest.mark.parametrize("name", list(STIFF))
+def test_stiff_forward_matches_cvodes(name, solver):
+    """Robertson on [0, 100] and Van der Pol (mu = 1000) on [0, 500] at rtol=1e-8, atol=1e-10:
+    every saved state within 1e-5 of CVODES (rtol = 1e-12), relative to each component's scale
+    (Van der Pol's velocity starts at exactly 0)."""
+    prob = STIFF[name]
+    ys, stats = _forward(name, solver)(jnp.asarray(prob.y0), jnp.asarray(prob.params))
+    ref = _cvodes_states(name)
+    rel = np.abs(np.asarray(ys) - ref) / np.abs(ref).max(axis=0)
+    assert rel.max() < 1e-5, rel.max(axis=0)
+    assert int(stats["accepted"]) < 400  # a stiff solver: not the thousands an explicit one takes
+
+
+@functools.cache
+def _cvodes_grad(name: str):
+    """Weights 1/scale per component at the save times after t0; gradient w.r.t. y0 and log p."""
+    prob = STIFF[name]
+    ts = prob.ts()[1:]
+    scale = np.abs(_cvodes_states(name)).max(axis=0)
+    w = np.tile(1.0 / scale, (len(ts), 1))
+    _, gy, gp = cvodes_gradient(prob, ts=ts, weights=w, rtol=1e-10, atol=1e-12)
+    return w, gy, gp * prob.params
+
+
+def _gradient(name: str, solver: str, adjoint: str):
+    prob = STIFF[name]
+    f = jax_rhs(prob)
+    w, _, _ = _cvodes_grad(name)
+    ts = jnp.asarray(prob.ts()[1:])
+
+    def loss(y0, logp):
+        sol = og.solve(
+            f,
+            y0,
+            (prob.t0, prob.t1),
+            jnp.exp(logp),
+            solver=SOLVERS[solver](),
+            adjoint=ADJOINTS[adjoint](),
+            step=og.Adaptive(rtol=RTOL, atol=ATOL),
+            saveat=og.SaveAt(ts=ts),
+        )
+        return jnp.sum(jnp.asarray(w) * sol.ys)
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1)))(
+        jnp.asarray(prob.y0), jnp.log(jnp.asarray(prob.params))
+    )
+
+
+def _check_gradient(name, solver, adjoint):
+    _, gy, gp = _cvodes_grad(name)
+    ay, ap = _gradient(name, solver, adjoint)
+    scale = max(np.abs(gy).max(), np.abs(gp).max())
+    err_y = np.abs(np.asarray(ay) - gy).max() / scale
+    err_p = np.abs(np.asarray(ap) - gp).max() / scale
+    assert err_y < 1e-4 and err_p < 1e-4, (err_y, err_p, np.asarray(ay), gy, np.asarray(ap), gp)
+
+
+@pytest.mark.parametrize(
+    "name, solver, adjoint",
+    [
+        ("robertson", "Kvaerno5", "Discrete"),
+        ("van_der_pol", "Rodas5", "Interpolating"),
+    ],
+)
+def test_stiff_gradient_matches_cvodes(name, solver, adjoint):
+    """dL/dy0 and dL/dlog(p) within 1e-4 (relative to the largest entry) of CVODES's forward
+    sensitivities (rtol = 1e-10); the full matrix runs with -m slow."""
+    _check_gradient(name, solver, adjoint)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("adjoint", list(ADJOINTS))
+@pytest.mark.parametrize("solver", list(SOLVERS))
+@pytest.mark.parametrize("name", list(STIFF))
+def test_stiff_gradient_matrix(name, solver, adjoint):
+    _check_gradient(name, solver, adjoint)
+
+
+# --- gradients against finite differences ----------------------------------------------------
+
+
+def _small_stiff(t, y, p):
+    """A 3-species stiff kinetics with a time-dependent source (eigenvalues down to -1e3)."""
+    return jnp.stack(
+        [
+            -p[0] * y[0] + p[1] * y[1] * y[2] + jnp.sin(t),
+            p[0] * y[0] - p[1] * y[1] * y[2] - p[2] * y[1] ** 2,
+            p[2] * y[1] ** 2 - 0.5 * y[2],
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [og.Kvaerno3, pytest.param(og.Rodas5, marks=pytest.mark.slow)],
+    ids=["Kvaerno3", "Rodas5"],
+)
+def test_discrete_gradient_finite_differences(solver):
+    """The exact discrete gradient (fixed steps: nothing but the steps is differentiated) against
+    central differences of the same discretisation."""
+    y0 = jnp.asarray([1.0, 0.1, 0.0])
+    p = jnp.asarray([2.0, 1e3, 30.0])
+
+    def loss(y0, p):
+        sol = og.solve(
+            _small_stiff,
+            y0,
+            (0.0, 1.0),
+            p,
+            solver=solver(),
+            step=og.Fixed(0.05),
+            adjoint=og.Discrete(4),
+        )
+        return jnp.sum(sol.ys[-1] ** 2)
+
+    gy, gp = jax.jit(jax.grad(loss, argnums=(0, 1)))(y0, p)
+    lf = jax.jit(loss)
+    for x, g, idx in ((y0, gy, 0), (p, gp, 1)):
+        for i in range(3):
+            e = jnp.zeros(3).at[i].set(1e-6 * max(1.0, abs(float(x[i]))))
+            args_p = [y0, p]
+            args_m = [y0, p]
+            args_p[idx] = x + e
+            args_m[idx] = x - e
+            fd = (lf(*args_p) - lf(*args_m)) / (2 * e[i])
+            assert abs(float(g[i]) - float(fd)) <= 1e-5 * max(1.0, abs(float(fd))), (i, g, fd)
+
+
+# --- failures, dtypes, pytrees, linear solvers ------------------------------------------------
+
+
+def _cubic(t, y, k):
+    return -k * y**3
+
+
+def test_newton_failure_rejects_step():
+    """A huge first step makes Newton fail: the step is rejected with an infinite error
+    estimate, the adaptive loop shrinks dt and the solve succeeds."""
+    s = og.ImplicitEuler(max_newton_iters=3)
+    y0 = jnp.asarray([1.0, 2.0])
+    k = jnp.asarray(1e4)
+    res = s.step(_cubic, 0.0, 10.0, y0, k, s.init(_cubic, 0.0, y0, k))
+    assert not np.all(np.isfinite(np.asarray(res.error)))
+    sol = og.solve(
+        _cubic, y0, (0.0, 10.0), k, solver=s, step=og.Adaptive(rtol=1e-4, atol=1e-6, dt0=10.0)
+    )
+    assert int(sol.stats["rejected"]) > 0
+    exact = y0 / jnp.sqrt(1 + 2 * k * y0**2 * 10.0)
+    np.testing.assert_allclose(np.asarray(sol.ys[-1]), np.asarray(exact), rtol=2e-2)
+
+
+def test_newton_failure_fixed_steps_reports_nonfinite():
+    """Fixed steps cannot shrink: the failure is reported (Result.nonfinite), not hidden."""
+    s = og.ImplicitEuler(max_newton_iters=2)
+    sol = og.solve(
+        _cubic,
+        jnp.asarray([1.0, 2.0]),
+        (0.0, 10.0),
+        jnp.asarray(1e4),
+        solver=s,
+        step=og.Fixed(5.0),
+        throw=False,
+    )
+    assert int(sol.result) == int(og.Result.nonfinite)
+    with pytest.raises(Exception):  # noqa: B017 - whatever check_result raises
+        og.solve(
+            _cubic,
+            jnp.asarray([1.0, 2.0]),
+            (0.0, 10.0),
+            jnp.asarray(1e4),
+            solver=s,
+            step=og.Fixed(5.0),
+        )
+
+
+@pytest.mark.parametrize(
+    "solver",
+    [pytest.param(og.Kvaerno5, marks=pytest.mark.slow), og.Rodas5],
+    ids=["Kvaerno5", "Rodas5"],
+)
+def test_float32(solver):
+    """Van der Pol (mu = 100) in float32: solution and gradient stay float32 and close to
+    float64."""
+    f = lambda t, y, mu: jnp.stack([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0]])
+
+    def run(dtype):
+        def loss(mu):
+            sol = og.solve(
+                f,
+                jnp.asarray([2.0, 0.0], dtype),
+                (0.0, 50.0),
+                mu,
+                solver=solver(),
+                step=og.Adaptive(rtol=1e-5, atol=1e-6),
+                adjoint=og.Discrete(),
+            )
+            return sol.ys[-1, 0], sol.ys.dtype
+
+        (val, dt), g = jax.value_and_grad(loss, has_aux=True)(jnp.asarray(100.0, dtype))
+        return val, dt, g
+
+    v32, d32, g32 = run(jnp.float32)
+    v64, _, g64 = run(jnp.float64)
+    assert d32 == jnp.float32 and g32.dtype == jnp.float32
+    assert abs(float(v32) - float(v64)) < 1e-3 * abs(float(v64))
+    assert abs(float(g32) - float(g64)) < 2e-2 * abs(float(g64))
+
+
+def test_pytree_state():
+    """Robertson with a dict state {y1 (scalar), rest (2,)}: same solution and gradient as the
+    flat vector."""
+    prob = STIFF["robertson"]
+    f = jax_rhs(prob)
+
+    def f_tree(t, y, p):
+        d = f(t, jnp.concatenate([y["a"][None], y["b"]]), p)
+        return {"a": d[0], "b": d[1:]}
+
+    p0 = jnp.asarray(prob.params)
+    kw = {"solver": og.Rodas5(), "step": og.Adaptive(rtol=1e-6, atol=1e-9)}
+
+    # weighted: the plain sum y1 + y2 + y3 is conserved, its gradient is roundoff
+    w = jnp.asarray([1.0, 1e4, 2.0])
+
+    def loss_flat(p):
+        return jnp.sum(w * og.solve(f, jnp.asarray(prob.y0), (0.0, 10.0), p, **kw).ys[-1])
+
+    def loss_tree(p):
+        y0 = {"a": jnp.asarray(1.0), "b": jnp.zeros(2)}
+        ys = og.solve(f_tree, y0, (0.0, 10.0), p, **kw).ys
+        return w[0] * ys["a"][-1] + jnp.sum(w[1:] * ys["b"][-1])
+
+    vt = jax.jit(jax.value_and_grad(loss_tree))(p0)
+    vf = jax.jit(jax.value_and_grad(loss_flat))(p0)
+    np.testing.assert_allclose(vt[0], vf[0], rtol=1e-12)
+    np.testing.assert_allclose(vt[1], vf[1], rtol=1e-9)
+
+
+N_RD = 24
+
+
+def _reaction_diffusion(t, u, p):
+    """1-d u_t = D u_xx + u (1 - u) - k u, zero Dirichlet ends: stiff diffusion."""
+    lap = jnp.concatenate([u[1:2] - 2 * u[:1], u[2:] - 2 * u[1:-1] + u[:-2], u[-2:-1] - 2 * u[-1:]])
+    return p[0] * lap * N_RD**2 + u * (1 - u) - p[1] * u
+
+
+def _heat_preconditioner(t, u, p, c):
+    """Exact inverse of I - c D Laplacian (a dense solve here, just to exercise the hook)."""
+    n = u.shape[0]
+    lap = jnp.diag(-2 * jnp.ones(n)) + jnp.diag(jnp.ones(n - 1), 1) + jnp.diag(jnp.ones(n - 1), -1)
+    m = jnp.eye(n) - c * p[0] * N_RD**2 * lap
+    return lambda v: jnp.linalg.solve(m, v)
+
+
+@pytest.mark.parametrize(
+    "solver, kw",
+    [
+        (og.Kvaerno5, {"linear_solver": "gmres"}),
+        pytest.param(
+            og.Rodas5,
+            {"linear_solver": "gmres", "preconditioner": _heat_preconditioner},
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["Kvaerno5-gmres", "Rodas5-gmres-preconditioned"],
+)
+def test_gmres_matches_dense(solver, kw):
+    """The matrix-free GMRES path (with and without a preconditioner) gives the dense path's
+    solution and gradient."""
+    x = jnp.linspace(0, 1, N_RD)
+    u0 = jnp.exp(-50 * (x - 0.5) ** 2)
+    p = jnp.asarray([0.05, 0.3])
+
+    def loss(p, **kw):
+        sol = og.solve(
+            _reaction_diffusion,
+            u0,
+            (0.0, 0.5),
+            p,
+            solver=solver(**kw),
+            step=og.Adaptive(rtol=1e-7, atol=1e-9),
+            adjoint=og.Discrete(),
+        )
+        return jnp.sum(sol.ys[-1] ** 2)
+
+    dense = jax.jit(jax.value_and_grad(lambda p: loss(p, linear_solver="dense")))(p)
+    other = jax.jit(jax.value_and_grad(lambda p: loss(p, **kw)))(p)
+    np.testing.assert_allclose(other[0], dense[0], rtol=1e-6)
+    np.testing.assert_allclose(other[1], dense[1], rtol=1e-5)
+
+
+def test_auto_linear_solver_and_errors():
+    from odegrad.solvers import _linear
+
+    assert _linear.resolve("auto", 10) == "dense"
+    assert _linear.resolve("auto", 10_000) == "gmres"
+    with pytest.raises(ValueError, match="linear_solver='lu'"):
+        og.Kvaerno5(linear_solver="lu")
+    with pytest.raises(ValueError, match="preconditioner"):
+        og.Rodas5(linear_solver="dense", preconditioner=lambda t, y, a, c: None)
+    with pytest.raises(ValueError, match="max_newton_iters"):
+        og.Kvaerno3(max_newton_iters=0)
+
+
+def test_auto_explains_stiff_choice():
+    prob = STIFF["robertson"]
+    text = og.explain_adjoint(
+        jax_rhs(prob),
+        jnp.asarray(prob.y0),
+        (0.0, 100.0),
+        jnp.asarray(prob.params),
+        solver=og.Kvaerno5(),
+    )
+    assert "implicit" in text and "Backsolve" in text
+
+
+@pytest.mark.slow
+def test_discrete_checkpoints_match_all():
+    """ESDIRK solvers carry their first stage (not recomputable from y): Discrete with a few
+    checkpoints keeps it and gives the same gradient as keeping every step."""
+    p = jnp.asarray([2.0, 1e3, 30.0])
+    y0 = jnp.asarray([1.0, 0.1, 0.0])
+
+    def loss(p, c):
+        sol = og.solve(
+            _small_stiff,
+            y0,
+            (0.0, 2.0),
+            p,
+            solver=og.Kvaerno3(),
+            step=og.Adaptive(rtol=1e-6, atol=1e-8),
+            adjoint=og.Discrete(c),
+        )
+        return jnp.sum(sol.ys[-1])
+
+    g3 = jax.jit(jax.grad(lambda p: loss(p, 3)))(p)
+    gall = jax.jit(jax.grad(lambda p: loss(p, "all")))(p)
+    np.testing.assert_allclose(g3, gall, rtol=1e-10, atol=1e-14)
