@@ -867,3 +867,26 @@ def test_adaptive_grad_is_custom_vjp(checkpoints):
                 lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * x), (0, x)
             )[1]
         )(2.0)
+
+
+@pytest.mark.parametrize("checkpoints", [3, 48, 49, 400])
+def test_adaptive_checkpoints_fewer_and_more_than_steps(checkpoints):
+    """The forward pass keeps the first c states: with c >= the step count (49 here) the
+    reverse pass recomputes nothing; with fewer it runs the binomial schedule in that buffer.
+    Both equal keeping every step."""
+
+    def loss(p, c):
+        sol = og.solve(
+            lotka_volterra,
+            LV_Y0,
+            (0.0, 3.0),
+            p,
+            step=og.Adaptive(rtol=1e-7, atol=1e-7),
+            saveat=og.SaveAt(ts=jnp.linspace(0.0, 3.0, 5)),
+            adjoint=og.Discrete(c),
+        )
+        return jnp.sum(sol.ys**2)
+
+    g = jax.grad(loss)(LV_P, checkpoints)
+    g_all = jax.grad(loss)(LV_P, "all")
+    assert_close(g, g_all, 1e-13, f"Discrete({checkpoints}) vs all")

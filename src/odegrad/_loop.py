@@ -311,12 +311,13 @@ def while_loop(
     record: str = "none",
     s=1.0,
     progress=None,
+    record_rows: int | None = None,
 ) -> LoopOutput:
     """Integrate from ``tau0`` to ``tau1 > tau0`` in one ``lax.while_loop``.
 
     ``control`` is an :class:`~odegrad.Adaptive` or a :class:`RuntimeGrid`. ``record`` keeps what
-    an adjoint needs: ``"times"`` (every accepted step's start and size) or ``"all"`` (also every
-    accepted step's starting state and solver state).
+    an adjoint needs: ``"times"`` (every accepted step's start and size) or ``"all"`` (also the
+    starting state and solver state of every accepted step, or of the first ``record_rows``).
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
@@ -378,8 +379,9 @@ def while_loop(
             ),
         )
     if record == "all":
-        c["rec_y"] = _fill(y0, max_steps, 0.0)
-        c["rec_st"] = _fill(st0, max_steps, 0.0)
+        rows = max_steps if record_rows is None else min(record_rows, max_steps)
+        c["rec_y"] = _fill(y0, rows, 0.0)
+        c["rec_st"] = _fill(st0, rows, 0.0)
     if progress is not None:
         c["reported"] = jnp.asarray(-1, jnp.int32)
 

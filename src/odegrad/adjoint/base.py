@@ -47,7 +47,9 @@ class Problem:
     def with_args(self, args_diff) -> PyTree:
         return self.combine(args_diff)
 
-    def forward(self, y0=None, args=None, record: str = "none") -> LoopOutput:
+    def forward(
+        self, y0=None, args=None, record: str = "none", record_rows: int | None = None
+    ) -> LoopOutput:
         y0 = self.y0 if y0 is None else y0
         args = self.args if args is None else args
         if self.grid is not None:
@@ -67,6 +69,7 @@ class Problem:
             record,
             self.direction,
             self.progress,
+            record_rows,
         )
 
     def without_scan_tap(self) -> Problem:

@@ -50,6 +50,7 @@ def reverse_steps(
     adjoint: PyTree,
     slots: int,
     stored: tuple[PyTree, Any] | None = None,
+    prefix: PyTree | None = None,
 ) -> PyTree:
     """Run ``backward`` over steps ``n-1 .. 0`` keeping at most ``slots`` states.
 
@@ -62,29 +63,47 @@ def reverse_steps(
         slots: checkpoint slots, including the one holding ``x0`` (>= 1).
         stored: optionally ``(buffer, count)``: states ``x_0 .. x_{count-1}`` already kept by the
             forward pass in a buffer with ``slots`` rows, so no recomputation is needed.
+        prefix: optionally a buffer with ``slots`` rows whose first ``min(n, slots)`` rows the
+            forward pass filled with ``x_0, x_1, ...``: when ``n <= slots`` (known at run time)
+            they are the checkpoints and nothing is recomputed; otherwise the schedule starts
+            from ``x_0`` with the buffer as its workspace (no separate allocation).
 
     Returns:
         The adjoint before step 0.
     """
     n = jnp.asarray(n, jnp.int32)
-    if stored is not None:
-        # every state is already kept: a plain reverse sweep reading a loop-invariant buffer
-        buf, _ = stored
 
-        def sweep(j, adj):
+    def sweep(buf, adj):
+        # every state is already kept: a plain reverse sweep reading a loop-invariant buffer
+        def one(j, adj):
             k = n - 1 - j
             return backward(k, jax.tree.map(lambda b: b[k], buf), adj)
 
-        return lax.fori_loop(0, n, sweep, adjoint)
+        return lax.fori_loop(0, n, one, adj)
 
-    buf = jax.tree.map(lambda x: jnp.zeros((slots, *jnp.shape(x)), jnp.result_type(x)), x0)
-    buf = jax.tree.map(lambda b, x: b.at[0].set(x), buf, x0)
+    if stored is not None:
+        return sweep(stored[0], adjoint)
+    if prefix is not None:
+        # all n states kept: start with them as checkpoints (the schedule then only steps back);
+        # otherwise start from x0 alone, the buffer's other rows being free workspace
+        full = n <= slots
+        buf = prefix
+        height = jnp.where(full, n, 1).astype(jnp.int32)
+        pos = jnp.where(full, jnp.arange(slots, dtype=jnp.int32), 0)
+        cur = jnp.where(full, n - 1, 0).astype(jnp.int32)
+        last = jnp.clip(n - 1, 0, slots - 1)
+        x = jax.tree.map(lambda b, x0_: jnp.where(full, b[last], x0_), buf, x0)
+    else:
+        buf = jax.tree.map(lambda x: jnp.zeros((slots, *jnp.shape(x)), jnp.result_type(x)), x0)
+        buf = jax.tree.map(lambda b, x: b.at[0].set(x), buf, x0)
+        height, pos = jnp.asarray(1, jnp.int32), jnp.zeros((slots,), jnp.int32)
+        cur, x = jnp.asarray(0, jnp.int32), x0
     carry = {
         "buf": buf,
-        "pos": jnp.zeros((slots,), jnp.int32),
-        "height": jnp.asarray(1, jnp.int32),
-        "x": x0,
-        "cur": jnp.asarray(0, jnp.int32),
+        "pos": pos,
+        "height": height,
+        "x": x,
+        "cur": cur,
         "fine": n,
         "adj": adjoint,
     }

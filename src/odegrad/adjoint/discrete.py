@@ -24,6 +24,10 @@ from .checkpointing import reverse_steps
 
 #: Memory that ``checkpoints=None`` lets the stored states take before it recomputes instead.
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
+#: At most this many checkpoints for an adaptive ``checkpoints=None`` that does not keep every
+#: step: the forward pass fills them, and the binomial schedule reverses ~2000 steps with 64
+#: slots in two recomputing sweeps, so more slots would mostly cost allocation.
+ADAPTIVE_SLOTS = 64
 
 
 @dataclass(frozen=True)
@@ -34,9 +38,11 @@ class Discrete(AbstractAdjoint):
         checkpoints: ``"all"`` keeps every step (nothing is recomputed); an int ``c`` keeps at most
             ``c`` states and recomputes the rest under Griewank's binomial (revolve) schedule,
             for fixed and adaptive solves alike (adaptive solves record their step sizes and the
-            schedule is made at run time once the step count is known). ``None`` (default) keeps
-            everything while that fits in ``memory_budget`` bytes (fixed grids: every step's
-            stages; adaptive: ``max_steps`` states) and otherwise as many checkpoints as fit.
+            schedule is made at run time once the step count is known; the forward pass keeps
+            the first ``c`` states, so a solve of at most ``c`` steps recomputes nothing).
+            ``None`` (default) keeps everything while that fits in ``memory_budget`` bytes (fixed
+            grids: every step's stages; adaptive: ``max_steps`` states) and otherwise as many
+            checkpoints as fit (adaptive: at most 64).
         memory_budget: bytes for ``checkpoints=None``.
 
     Example:
@@ -67,7 +73,7 @@ class Discrete(AbstractAdjoint):
             return max(2, min(n, self.memory_budget // per_state))
         if problem.max_steps * per_state <= self.memory_budget:
             return "all"
-        return max(2, self.memory_budget // per_state)
+        return max(2, min(ADAPTIVE_SLOTS, self.memory_budget // per_state))
 
     def describe(self, problem: Problem) -> str:
         return f"Discrete(checkpoints={self.resolve(problem)!r})"
@@ -89,7 +95,11 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
     # keep (y, solver state) pairs unless the state can be recomputed from y
     keep_state = store_all or not problem.solver.state_from_y
     need_dense = plan.ts is not None or plan.dense
-    record = "all" if store_all else "times"
+    # adaptive solves keep their first `checkpoints` states while running forward: a solve that
+    # took no more steps needs no recomputation, and a longer one uses them as the workspace
+    prefix = not fixed and not store_all
+    record = "all" if store_all or prefix else "times"
+    record_rows = int(checkpoints) if prefix else None
 
     def strip(out: LoopOutput) -> LoopOutput:
         return out._replace(record={})
@@ -101,7 +111,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
         return strip(problem.forward(y0, problem.with_args(args_diff)))
 
     def solve_fwd(y0, args_diff):
-        out = problem.forward(y0, problem.with_args(args_diff), record=record)
+        out = problem.forward(y0, problem.with_args(args_diff), record, record_rows)
         return strip(out), (y0, args_diff, out.record)
 
     def solve_bwd(res, ct: LoopOutput):
@@ -188,11 +198,14 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
         if keep_state:
             st0 = problem.init_state(y0, args)
             adj = (ct.y1, tree_zeros_like(st0), tree_zeros_like(args_diff))
+            stored, kept, slots = None, None, int(checkpoints) if not store_all else 0
             if store_all:
                 stored, slots = ((rec["y"], rec["st"]), n), problem.max_steps
-            else:
-                stored, slots = None, int(checkpoints)
-            a_y, a_st, a_args = reverse_steps(advance, backward, n, (y0, st0), adj, slots, stored)
+            elif prefix:
+                kept = (rec["y"], rec["st"])
+            a_y, a_st, a_args = reverse_steps(
+                advance, backward, n, (y0, st0), adj, slots, stored, kept
+            )
             # the solver's initial state (e.g. k1 = f(t0, y0)) depends on y0 and args too
             _, vjp_init = jax.vjp(
                 lambda y, a: problem.init_state(y, problem.with_args(a)), y0, args_diff
@@ -200,7 +213,8 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             cy, ca = vjp_init(a_st)
             return tree_add(a_y, cy), tree_add(a_args, ca)
         adj = (ct.y1, None, tree_zeros_like(args_diff))
-        a_y, _, a_args = reverse_steps(advance, backward, n, y0, adj, int(checkpoints))
+        kept = rec["y"] if prefix else None
+        a_y, _, a_args = reverse_steps(advance, backward, n, y0, adj, int(checkpoints), prefix=kept)
         return a_y, a_args
 
     solve.defvjp(solve_fwd, solve_bwd)
