@@ -325,3 +325,15 @@ def test_recurrence_gradient_under_vmap():
     a = jnp.asarray([0.5, 1.0, 2.0])
     batched = jax.vmap(jax.grad(loss))(a)
     np.testing.assert_allclose(batched, [jax.grad(loss)(ai) for ai in a], rtol=1e-6)
+
+
+def test_float32_state_with_float64_step_under_x64():
+    """A float32 state and times with a Python-float step under x64 (as the continuous
+    adjoints probe the dense output): the recurrence keeps its carried dtypes."""
+    solver = og.ROCK2()
+    f = lambda t, y, a: -a * y
+    y = jnp.ones(4, jnp.float32)
+    t0 = jnp.asarray(0.0, jnp.float32)
+    res = solver.step(f, t0, 0.01, y, jnp.float32(2.0), solver.init(f, t0, y, jnp.float32(2.0)))
+    assert res.y1.dtype == jnp.float32
+    np.testing.assert_allclose(res.y1, np.exp(-0.02), rtol=1e-5)

@@ -628,7 +628,7 @@ def _orthogonal_recurrence(f, t0, dt, y0, args, f0, ms, mu1, mu_row, kappa_row, 
     stage more of the same form; returns the last two ``(u, t)``."""
     t0 = jnp.asarray(t0, jnp.result_type(dt, t0))
     prev = (y0, t0)
-    cur = (_lc((1.0, y0), (dt * mu1, f0)), t0 + dt * mu1)
+    cur = _like((_lc((1.0, y0), (dt * mu1, f0)), t0 + dt * mu1), prev)
     n = ms - 1  # stages i = 2..ms
     if extra is not None:
         mu_row, kappa_row = mu_row.at[n].set(extra[0]), kappa_row.at[n].set(extra[1])
