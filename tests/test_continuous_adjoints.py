@@ -460,6 +460,38 @@ def test_explain_adjoint_names_choice():
     assert "Forward()" not in text.split(":")[0]
 
 
+def test_auto_counts_only_traced_inputs(monkeypatch):
+    """A large concrete y0 carries no derivative: with 2 differentiated parameters Auto runs
+    Forward (no reverse loop in the gradient's program); with y0 differentiated too, Discrete.
+    Both give the gradient Discrete('all') gives."""
+    y0 = jnp.linspace(0.5, 1.5, 200)
+
+    def loss(p, y=y0, adjoint=None):
+        f = lambda t, y_, p_: -p_[0] * y_ + p_[1] * jnp.sin(t)
+        sol = og.solve(
+            f, y, (0.0, 1.0), p, saveat=og.SaveAt(ts=jnp.linspace(0, 1, 4)), adjoint=adjoint
+        )
+        return jnp.sum(sol.ys**2)
+
+    chosen = []
+    for cls in (og.Forward, og.Discrete):
+        run = cls.run
+        monkeypatch.setattr(
+            cls, "run", lambda self, pr, run=run: (chosen.append(self), run(self, pr))[1]
+        )
+    p = jnp.array([1.3, 0.4])
+    g_auto = jax.grad(loss)(p)
+    assert isinstance(chosen[0], og.Forward), chosen
+    g_ref = jax.grad(lambda p: loss(p, adjoint=og.Discrete("all")))(p)
+    np.testing.assert_allclose(g_auto, g_ref, rtol=1e-12)
+    chosen.clear()
+    g_both = jax.grad(lambda p, y: loss(p, y), argnums=(0, 1))(p, y0)
+    assert isinstance(chosen[0], og.Discrete), chosen
+    g_both_ref = jax.grad(lambda p, y: loss(p, y, og.Discrete("all")), argnums=(0, 1))(p, y0)
+    for a, b in zip(g_both, g_both_ref, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+
+
 # --------------------------------------------------------------------------------------------
 # 7. memory of Interpolating(checkpoints=c)
 

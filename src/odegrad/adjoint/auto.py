@@ -25,7 +25,8 @@ class Auto(AbstractAdjoint):
        reverse pass over one ``lax.scan`` when every step fits in ``memory_budget``, else binomial
        checkpointing. Exact, and the fastest reverse pass there is.
     2. Adaptive steps with at most ``FORWARD_MAX_INPUTS`` inputs (states + differentiable
-       parameters): :class:`Forward` — the sensitivities ride along the one forward solve and no
+       parameters; when solving, only traced ones count: a concrete ``y0`` carries no
+       derivative): :class:`Forward` — the sensitivities ride along the one forward solve and no
        backward solve is needed.
     3. Otherwise :class:`Discrete` (exact gradient of the adaptive solve, memory bounded by the
        budget through binomial checkpointing).
@@ -48,9 +49,17 @@ class Auto(AbstractAdjoint):
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     forward_max_inputs: int = FORWARD_MAX_INPUTS
 
-    def choose(self, problem: Problem) -> tuple[AbstractAdjoint, str]:
-        n_state = sum(int(x.size) for x in jax.tree.leaves(problem.y0))
-        n_params = sum(int(x.size) for x in jax.tree.leaves(problem.args_diff))
+    def choose(self, problem: Problem, traced_only: bool = False) -> tuple[AbstractAdjoint, str]:
+        """The method and the paragraph that explains it. ``traced_only`` counts only inputs
+        that are traced (concrete arrays, e.g. a ``y0`` closed over, carry no derivative)."""
+
+        def size(tree):
+            leaves = jax.tree.leaves(tree)
+            if traced_only:
+                leaves = [x for x in leaves if isinstance(x, jax.core.Tracer)]
+            return sum(int(x.size) for x in leaves)
+
+        n_state, n_params = size(problem.y0), size(problem.args_diff)
         n_in = n_state + n_params
         steps = problem.static_steps
         size = f"{n_state} state entries and {n_params} differentiable parameters"
@@ -97,7 +106,7 @@ class Auto(AbstractAdjoint):
         return chosen, text
 
     def run(self, problem: Problem) -> LoopOutput:
-        return self.choose(problem)[0].run(problem)
+        return self.choose(problem, traced_only=True)[0].run(problem)
 
     def describe(self, problem: Problem) -> str:
         return self.choose(problem)[1]
