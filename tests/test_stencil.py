@@ -258,3 +258,146 @@ def test_heat_rhs_example():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-12, atol=1e-12)
     via_lap = st.set_inner(jnp.zeros_like(T), lam * st.inn(Ci) * st.laplacian(T, (dx, dy, dz)))
     np.testing.assert_allclose(np.asarray(via_lap), want, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------- derivative rules of the linear stencils
+#
+# d_*, d2_*, av* carry a custom_jvp whose tangent is written so that reverse mode pads the
+# cotangent once and combines slices of it (docs/stencil.md, Performance). Below: its values
+# against JAX's own transpose of the plain slicing, forward mode, vmap, and the single pad.
+
+LINEAR = [name for name in SPECS if SPECS[name][0] in ("d", "d2", "av")]
+LINEAR_CASES = [(name, nd) for name in LINEAR for nd in supported(name)]
+TOL = {np.float32: (1e-6, 1e-6), np.float64: (1e-14, 1e-14)}  # rtol, atol per unit scale
+
+
+def plain(name, A):
+    """Operator ``name`` as plain slicing, with JAX's own derivatives (the reference)."""
+    kind, axes, inner = SPECS[name]
+    nd = A.ndim
+    axes = tuple(range(nd)) if axes is None else axes
+    offsets = (0, 1, 2) if kind == "d2" else (0, 1)
+    trim = [max(offsets) if k in axes else (2 if inner else 0) for k in range(nd)]
+    views = []
+    for combo in itertools.product(offsets, repeat=len(axes)):
+        shift = [1 if inner else 0] * nd
+        for a, o in zip(axes, combo, strict=True):
+            shift[a] = o
+        views.append(A[tuple(slice(s, n - t + s) for s, n, t in zip(shift, A.shape, trim, strict=True))])  # fmt: skip  # noqa: E501
+    if kind == "d":
+        return views[1] - views[0]
+    if kind == "d2":
+        m, c, p = views
+        return (p - c) - (c - m)
+    return sum(views[1:], views[0]) / len(views)
+
+
+def _close(got, want, dtype, scale=1.0):
+    rtol, atol = TOL[dtype]
+    assert got.dtype == want.dtype == dtype
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=atol * scale)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("name", "nd"), LINEAR_CASES)
+def test_vjp_equals_linear_transpose(name, nd, dtype):
+    op = getattr(st, name)
+    A = jnp.asarray(rand(SHAPES[nd], seed=41), dtype)
+    ct = jnp.asarray(np.random.default_rng(42).standard_normal(op(A).shape), dtype)
+    want = jax.linear_transpose(lambda X: plain(name, X), A)(ct)[0]
+    got = jax.vjp(op, A)[1](ct)[0]
+    _close(got, want, dtype, scale=np.max(np.abs(ct)))
+    if nd == 3:  # compiled (XLA merges the pads): the same values
+        _close(jax.jit(lambda c: jax.vjp(op, A)[1](c)[0])(ct), want, dtype, np.max(np.abs(ct)))
+    _close(jax.linear_transpose(op, A)(ct)[0], want, dtype, scale=np.max(np.abs(ct)))
+    # and against JAX's own vjp of the plain slicing, with a non-linear consumer
+    f = lambda X: jnp.sum(jnp.sin(op(X)))
+    g = lambda X: jnp.sum(jnp.sin(plain(name, X)))
+    _close(jax.grad(f)(A), jax.grad(g)(A), dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("name", "nd"), LINEAR_CASES)
+def test_jvp_equals_operator(name, nd, dtype):
+    op = getattr(st, name)
+    A = jnp.asarray(rand(SHAPES[nd], seed=43), dtype)
+    dA = jnp.asarray(np.random.default_rng(44).standard_normal(A.shape), dtype)
+    y, dy = jax.jvp(op, (A,), (dA,))
+    # the tangent repeats the primal's arithmetic: the same bits as the operator on dA
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(plain(name, A)))
+    np.testing.assert_array_equal(np.asarray(dy), np.asarray(plain(name, dA)))
+    if nd == 3:
+        _, dy_jit = jax.jit(lambda a, d: jax.jvp(op, (a,), (d,)))(A, dA)
+        _close(dy_jit, plain(name, dA), dtype, scale=np.max(np.abs(dA)))
+    if dtype is np.float32 or nd == 3:
+        return
+    # the Jacobian, by forward and by reverse mode
+    jf = jax.jacfwd(op)(A)
+    np.testing.assert_array_equal(
+        np.asarray(jf), np.asarray(jax.jacfwd(lambda X: plain(name, X))(A))
+    )
+    np.testing.assert_allclose(np.asarray(jax.jacrev(op)(A)), np.asarray(jf), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("nd", [1, 2, 3])
+def test_laplacian_derivatives(nd, dtype):
+    A = jnp.asarray(rand(SHAPES[nd], seed=45), dtype)
+    h = (0.5, 0.25, 2.0)[:nd]
+    ref = lambda X: sum(plain(f"d2_{c}i", X) / h[k] ** 2 for k, c in enumerate("xyz"[:nd]))
+    ct = jnp.asarray(np.random.default_rng(46).standard_normal([n - 2 for n in A.shape]), dtype)
+    want = jax.linear_transpose(ref, A)(ct)[0]
+    _close(jax.vjp(lambda X: st.laplacian(X, h), A)[1](ct)[0], want, dtype, 16 * np.max(np.abs(ct)))
+    dA = jnp.asarray(np.random.default_rng(47).standard_normal(A.shape), dtype)
+    _, dy = jax.jvp(lambda X: st.laplacian(X, h), (A,), (dA,))
+    np.testing.assert_array_equal(np.asarray(dy), np.asarray(st.laplacian(dA, h)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_heat_rhs_vjp(dtype):
+    """Seed 001's rhs: the gradient in every argument against JAX's own rules."""
+    T = jnp.asarray(rand((6, 7, 8), seed=48), dtype)
+    Ci = jnp.asarray(rand(T.shape, seed=49), dtype)
+    lam = jnp.asarray(0.8, dtype)
+    dx, dy, dz = 0.5, 0.4, 0.3
+
+    def rhs(T, lam, Ci, d2x, d2y, d2z, inn):
+        lap = d2x(T) / dx**2 + d2y(T) / dy**2 + d2z(T) / dz**2
+        return st.set_inner(jnp.zeros_like(T), lam * inn(Ci) * lap)
+
+    ct = jnp.asarray(np.random.default_rng(50).standard_normal(T.shape), dtype)
+    ops = (st.d2_xi, st.d2_yi, st.d2_zi, st.inn)
+    ref_ops = (
+        *(lambda X, n=n: plain(n, X) for n in ("d2_xi", "d2_yi", "d2_zi")),
+        lambda X: X[1:-1, 1:-1, 1:-1],
+    )
+    got = jax.jit(lambda *a: jax.vjp(lambda *b: rhs(*b, *ops), *a)[1](ct))(T, lam, Ci)
+    want = jax.jit(lambda *a: jax.vjp(lambda *b: rhs(*b, *ref_ops), *a)[1](ct))(T, lam, Ci)
+    for g, w in zip(got, want, strict=True):
+        _close(g, w, dtype, scale=float(np.max(np.abs(np.asarray(w)))))
+
+
+def test_vmap_of_derivatives():
+    B = jnp.asarray(rand((3, *SHAPES[3]), seed=51))
+    for name in ("d2_xa", "av_xzi"):
+        op = getattr(st, name)
+        f = lambda X, op=op: jnp.sum(jnp.sin(op(X)))
+        want = np.stack([np.asarray(jax.grad(f)(b)) for b in B])
+        np.testing.assert_allclose(np.asarray(jax.vmap(jax.grad(f))(B)), want, rtol=1e-14)
+        batched = lambda X, f=f: jnp.sum(jax.vmap(f)(X))
+        np.testing.assert_allclose(np.asarray(jax.grad(batched)(B)), want, rtol=1e-14)
+        tangents = jax.vmap(lambda b, op=op: jax.jvp(op, (b,), (b,))[1])(B)
+        np.testing.assert_array_equal(np.asarray(tangents), np.stack([op(b) for b in B]))
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_reverse_pass_pads_once(name):
+    """The compiled VJP pads the cotangent once, however many views the stencil has; the
+    compiled JVP is plain slicing again."""
+    op = getattr(st, name)
+    A = jnp.ones((6, 7, 8), jnp.float32)
+    ct = jnp.ones(op(A).shape, jnp.float32)
+    hlo = jax.jit(lambda c: jax.vjp(op, A)[1](c)).lower(ct).compile().as_text()
+    assert hlo.count(" pad(") == 1, hlo
+    hlo = jax.jit(lambda a, d: jax.jvp(op, (a,), (d,))).lower(A, A).compile().as_text()
+    assert hlo.count(" pad(") == 0, hlo

@@ -4,17 +4,22 @@ Axes are named x, y, z = 0, 1, 2 (ParallelStencil.jl's FiniteDifferences1D/2D/3D
 Suffix ``a``: all points of the other axes; suffix ``i``: inner points of the other
 axes (their first and last entries dropped). Docstring formulas use 0-based 3-d
 indices; for lower ndim the trailing indices are simply absent. Every operator is
-pure ``jax.numpy`` slicing, so it works under ``jax.jit``, ``jax.grad`` and ``jax.vmap``
-(``vmap`` over a leading batch axis, since ndim is read from the unbatched array).
+pure ``jax.numpy`` slicing, so it works under ``jax.jit``, ``jax.grad``, ``jax.jvp`` and
+``jax.vmap`` (``vmap`` over a leading batch axis, since ndim is read from the unbatched
+array). The linear ones (differences, second differences, averages) carry a ``custom_jvp``
+whose reverse pass pads the cotangent once and combines slices of it (the same values as
+JAX's own transpose of the slicing, to rounding), which XLA:CPU compiles far better.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.typing import ArrayLike
 
 Array = jax.Array
@@ -31,6 +36,24 @@ def _check(name: str, A: ArrayLike, min_ndim: int = 1) -> Array:
     return A
 
 
+def _trims(
+    name: str, A: Array, axes: tuple[int, ...], width: int, inner: bool
+) -> tuple[list[int], list[int]]:
+    """``(trim, base)`` of a stencil: the output loses ``trim[k]`` points along axis ``k``
+    and starts at ``base[k]`` along the axes that are not in ``axes``."""
+    trim = [2 if inner else 0] * A.ndim
+    base = [1 if inner else 0] * A.ndim
+    for a in axes:
+        trim[a] = width
+    for k, t in enumerate(trim):
+        if A.shape[k] < t:
+            raise ValueError(
+                f"{name}: needs at least {t} points along axis {k} ({_NAMES[k]}), "
+                f"got shape {A.shape}"
+            )
+    return trim, base
+
+
 def _take(name: str, A: Array, shift: Sequence[int], trim: Sequence[int]) -> Array:
     """``A[shift_k : n_k - trim_k + shift_k]`` along every axis k."""
     idx = []
@@ -43,6 +66,19 @@ def _take(name: str, A: Array, shift: Sequence[int], trim: Sequence[int]) -> Arr
             )
         idx.append(slice(s, n - t + s))
     return A[tuple(idx)]
+
+
+def _shifts(
+    ndim: int, axes: tuple[int, ...], offsets: Sequence[int], base: Sequence[int]
+) -> list[tuple[int, ...]]:
+    """One shift per combination of ``offsets`` along ``axes`` (``base`` elsewhere)."""
+    shifts = []
+    for combo in itertools.product(offsets, repeat=len(axes)):
+        shift = list(base)
+        for a, o in zip(axes, combo, strict=True):
+            shift[a] = o
+        shifts.append(tuple(shift[:ndim]))
+    return shifts
 
 
 def _views(
@@ -61,32 +97,86 @@ def _views(
     """
     A = _check(name, A, max(axes, default=0) + 1)
     width = (max(offsets) + 1 if span is None else span) - 1
-    trim = [2 if inner else 0] * A.ndim
-    base = [1 if inner else 0] * A.ndim
-    for a in axes:
-        trim[a] = width
-    views = []
-    for combo in itertools.product(offsets, repeat=len(axes)):
-        shift = list(base)
-        for a, o in zip(axes, combo, strict=True):
-            shift[a] = o
-        views.append(_take(name, A, shift, trim))
-    return views
+    trim, base = _trims(name, A, axes, width, inner)
+    return [_take(name, A, s, trim) for s in _shifts(A.ndim, axes, offsets, base)]
+
+
+# --------------------------------------------------------------- linear stencils, derivatives
+#
+# A linear stencil (d_*, d2_*, av*) is ``combine(views)``, the views being shifted slices of
+# ``A``. Left to JAX, its transpose turns every slice into its own ``pad`` of the cotangent;
+# XLA:CPU fuses those pads (with whatever produced the cotangent) into one unvectorised loop
+# that re-evaluates the producer once per pad with per-element bounds checks, several times
+# the cost of the forward stencil. So these operators carry a ``custom_jvp``: the primal is
+# the plain slicing, and the tangent writes every view as ``pad(dA)[inside]``, with ``dA``
+# padded by ``trim - shift`` below and ``shift`` above, sliced at ``trim``. Forward, XLA folds
+# each slice of a pad into a slice of ``dA`` (the cost and bits of the plain operator);
+# reverse, JAX transposes view ``v`` into "pad the cotangent by ``trim`` on both sides, slice
+# it at ``trim - shift_v``": the same pad for every view (and for every operator of the same
+# cotangent and output shape), which XLA merges into one materialised pad whose slices it
+# vectorises. Signs are applied to ``dA`` before the pad (``x - y`` is ``x + (-y)`` exactly),
+# so that the pads see the cotangent itself.
+
+_OFFSETS = {"d": (0, 1), "d2": (0, 1, 2), "av": (0, 1)}
+
+
+def _combine(kind: str, vs: list[Array]) -> Array:
+    if kind == "d":
+        lo, hi = vs
+        return hi - lo
+    if kind == "d2":
+        m, c, p = vs
+        return (p - c) - (c - m)
+    return sum(vs[1:], vs[0]) / len(vs)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0, 1, 2, 3))
+def _stencil(name: str, kind: str, axes: tuple[int, ...], inner: bool, A: Array) -> Array:
+    return _combine(kind, _views(name, A, axes, _OFFSETS[kind], inner))
+
+
+@_stencil.defjvp
+def _stencil_jvp(name, kind, axes, inner, primals, tangents):
+    (A,), (dA,) = primals, tangents
+    offsets = _OFFSETS[kind]
+    trim, base = _trims(name, A, axes, max(offsets), inner)
+    zero = jnp.zeros((), dA.dtype)
+    inside = tuple(slice(t, n) for n, t in zip(A.shape, trim, strict=True))
+    neg = -dA if kind != "av" else dA
+
+    def view(i: int, negate: bool = False) -> Array:
+        # the i-th shifted view of dA (or -dA), as a slice of a pad of it; its transpose
+        # slices the cotangent padded by trim on both sides
+        cfg = [(t - s, s, 0) for s, t in zip(shifts[i], trim, strict=True)]
+        return lax.pad(neg if negate else dA, zero, cfg)[inside]
+
+    shifts = _shifts(A.ndim, axes, offsets, base)
+    # the primal's arithmetic, signs applied before the pad: bit for bit the plain operator
+    if kind == "d":
+        out = view(1) + view(0, True)
+    elif kind == "d2":
+        out = (view(2) + view(1, True)) + (view(0) + view(1, True))
+    else:
+        out = _combine(kind, [view(i) for i in range(len(shifts))])
+    return _stencil(name, kind, axes, inner, A), out
+
+
+def _linear(name: str, kind: str, A: ArrayLike, axes: tuple[int, ...], inner: bool) -> Array:
+    A = _check(name, A, max(axes, default=0) + 1)
+    _trims(name, A, axes, max(_OFFSETS[kind]), inner)
+    return _stencil(name, kind, axes, inner, A)
 
 
 def _diff(name: str, A: ArrayLike, axis: int, inner: bool) -> Array:
-    lo, hi = _views(name, A, (axis,), (0, 1), inner)
-    return hi - lo
+    return _linear(name, "d", A, (axis,), inner)
 
 
 def _diff2(name: str, A: ArrayLike, axis: int, inner: bool) -> Array:
-    m, c, p = _views(name, A, (axis,), (0, 1, 2), inner)
-    return (p - c) - (c - m)
+    return _linear(name, "d2", A, (axis,), inner)
 
 
 def _mean(name: str, A: ArrayLike, axes: tuple[int, ...], inner: bool) -> Array:
-    vs = _views(name, A, axes, (0, 1), inner)
-    return sum(vs[1:], vs[0]) / len(vs)
+    return _linear(name, "av", A, axes, inner)
 
 
 def _harm(name: str, A: ArrayLike, axes: tuple[int, ...], inner: bool) -> Array:
