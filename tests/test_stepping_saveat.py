@@ -427,3 +427,13 @@ def test_chunked_save_buffer_forward_sensitivities():
     g_fwd = jax.jit(jax.grad(lambda p: loss(p, og.Forward())))(p)
     g_disc = jax.jit(jax.grad(lambda p: loss(p, og.Discrete("all"))))(p)
     np.testing.assert_allclose(g_fwd, g_disc, rtol=1e-11)
+
+
+def test_large_finite_values_are_not_a_failure():
+    """Huge but finite saved rows (their plain sum overflows float32) are a success."""
+    y0 = jnp.full((4,), 3e37, jnp.float32)
+    sol = og.solve(
+        lambda t, y, a: 0.1 * y, y0, (0.0, 1.0), step=og.Fixed(0.1), saveat=og.SaveAt(steps=True)
+    )
+    assert int(sol.result) == og.Result.success
+    assert np.all(np.isfinite(np.asarray(sol.ys)))

@@ -61,9 +61,10 @@ def tree_where(pred, x: PyTree, y: PyTree) -> PyTree:
 
 
 def tree_all_finite(x: PyTree):
-    """One scalar: are all entries finite? (A sum propagates inf/nan and fuses into one pass.)"""
+    """One scalar: are all entries finite? ``sum(x * 0)`` is 0, or nan where any entry is inf or
+    nan: one fused pass that, unlike a plain sum, cannot overflow on large finite values."""
     leaves = jax.tree.leaves(x)
-    total = sum(jnp.sum(leaf) for leaf in leaves)
+    total = sum(jnp.sum(leaf * 0) for leaf in leaves)
     return jnp.isfinite(total)
 
 
