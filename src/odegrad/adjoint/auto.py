@@ -8,7 +8,7 @@ import jax
 
 from .._loop import LoopOutput
 from .base import AbstractAdjoint, Problem
-from .discrete import DEFAULT_MEMORY_BUDGET, Discrete
+from .discrete import ADAPTIVE_ALL_BYTES, DEFAULT_MEMORY_BUDGET, Discrete
 from .forward import Forward
 
 #: Forward sensitivities win while the inputs (states + parameters) are at most this many.
@@ -93,11 +93,19 @@ class Auto(AbstractAdjoint):
                 f"keeping every step fits the {_mib(self.memory_budget)} budget "
                 f"({_mib(per_state)} per state), so nothing is recomputed"
             )
-        else:
+        elif steps is not None:
             how = (
                 f"keeping every step would exceed the {_mib(self.memory_budget)} budget, so "
                 f"{resolved} checkpoints of {_mib(per_state)} each are kept and the rest "
                 "recomputed on a binomial (revolve) schedule"
+            )
+        else:
+            how = (
+                f"a buffer for all max_steps states would take "
+                f"{_mib(problem.max_steps * per_state)} (more than {_mib(ADAPTIVE_ALL_BYTES)}), "
+                f"so the forward pass keeps its first {resolved} states of {_mib(per_state)} "
+                f"each: a solve of at most {resolved} steps recomputes nothing, a longer one "
+                "recomputes on a binomial (revolve) schedule"
             )
         text = (
             f"Auto chose Discrete(checkpoints={resolved!r}) for {size} and {where}: the exact "

@@ -38,7 +38,7 @@ from .._step import AbstractStep, Adaptive
 from .._tree import rms_error_ratio, tree_add, tree_scale, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
 from .checkpointing import reverse_steps
-from .discrete import DEFAULT_MEMORY_BUDGET
+from .discrete import ADAPTIVE_ALL_BYTES, ADAPTIVE_SLOTS, DEFAULT_MEMORY_BUDGET
 
 #: Backsolve flags the reverse pass when the re-integrated state is off by more than this many
 #: forward tolerances at a save time.
@@ -403,11 +403,12 @@ class Interpolating(_Continuous):
 
     Args:
         checkpoints: ``None`` keeps the dense output of every forward step while that fits in
-            ``memory_budget`` (fixed grids: every step; adaptive: ``max_steps`` rows), and
-            otherwise behaves as an int. An int ``c`` keeps only the step sizes in the forward
-            pass; the backward pass obtains the forward states last-first from ``c`` checkpoints
-            on a binomial (revolve) schedule and re-takes each step for its dense output: memory
-            ``c`` states plus one step, whatever the step count.
+            ``memory_budget`` (fixed grids: every step; adaptive: ``max_steps`` rows, up to
+            8 MiB), and otherwise behaves as an int (adaptive: at most 64). An int ``c`` keeps
+            only the step sizes in the forward pass; the backward pass obtains the forward states
+            last-first from ``c`` checkpoints on a binomial (revolve) schedule and re-takes each
+            step for its dense output: memory ``c`` states plus one step, whatever the step
+            count.
         memory_budget: bytes for ``checkpoints=None``.
         vjp: ``vjp(t, y, args, cotangent) -> (ct_y, ct_args)``; default ``jax.vjp`` of ``f``.
         solver: the backward solver; default the forward one.
@@ -422,15 +423,21 @@ class Interpolating(_Continuous):
 
     def run(self, problem: Problem) -> LoopOutput:
         if self.checkpoints is None:
-            rows = problem.static_steps or problem.max_steps
+            static = problem.static_steps
+            rows = static or problem.max_steps
             dense = jax.eval_shape(
                 lambda y, a: problem.step(problem.tau0, 1.0, y, a, problem.init_state(y, a)).dense,
                 problem.y0,
                 problem.args,
             )
             row_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(dense))
-            if rows * row_bytes > self.memory_budget:
+            # an adaptive solve's buffers have max_steps rows whatever it takes: as in Discrete,
+            # keep them only while small
+            keep = self.memory_budget if static else min(self.memory_budget, ADAPTIVE_ALL_BYTES)
+            if rows * row_bytes > keep:
                 slots = max(2, min(rows, self.memory_budget // problem.state_bytes()))
+                if not static:
+                    slots = min(slots, ADAPTIVE_SLOTS)
                 return replace(self, checkpoints=int(slots)).run(problem)
         return super().run(problem)
 
