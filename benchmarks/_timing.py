@@ -21,6 +21,8 @@ from typing import Any
 
 import jax
 
+from odegrad._bench import fmt_seconds as _fmt_auto_unit
+
 
 def add_timing_args(p, rounds: int, number: int, budget: float) -> None:
     """The timing options every benchmark script shares."""
@@ -178,13 +180,7 @@ def warm_up_jax() -> None:
 
 def fmt_time(seconds: float | None) -> str:
     """Seconds in s, ms or µs, three significant digits."""
-    if seconds is None:
-        return "n/a"
-    if seconds >= 1:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} µs"
+    return _fmt_auto_unit(seconds, "n/a")
 
 
 def fmt_timing(t: Timing | None) -> str:

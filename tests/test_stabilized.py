@@ -288,7 +288,7 @@ def test_recurrence_gradient_matches_finite_differences(solver, dt, rtol, memory
     """The custom rule (reverse recurrence over the stages really taken) against 4th-order
     central differences in float64, with few stages (kept by the primal pass) and many (the
     reverse pass recomputes them; ``memory=2000`` bytes forces checkpointed segments)."""
-    from odegrad.solvers import stabilized
+    from odegrad.solvers import _recurrence as stabilized
 
     if memory is not None:
         monkeypatch.setattr(stabilized, "STAGE_MEMORY", memory)

@@ -134,9 +134,10 @@ def load_bench_json(paths) -> list[dict]:
     return docs
 
 
-def _fmt_s(seconds: float | None) -> str:
+def fmt_seconds(seconds: float | None, missing: str = "—") -> str:
+    """Seconds in s, ms or µs, three significant digits (``missing`` for None)."""
     if seconds is None:
-        return "—"
+        return missing
     if seconds >= 1:
         return f"{seconds:.3g} s"
     if seconds >= 1e-3:
@@ -180,7 +181,7 @@ def bench_table(docs) -> str:
             for lib in libs:
                 row = best[prob].get(lib)
                 value = None if row is None else row.get(field)
-                cell = _fmt_s(value)
+                cell = fmt_seconds(value)
                 ref_value = None if ref is None else ref.get(field)
                 if value is not None and ref_value and lib != "odegrad":
                     cell += f" ({value / ref_value:.2f}x)"
@@ -218,7 +219,7 @@ def plot_bench(docs, out: Path) -> Path:
         for b, v in zip(bars, values, strict=True):
             if np.isfinite(v):
                 ax.annotate(
-                    _fmt_s(v), (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom",
+                    fmt_seconds(v), (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom",
                     fontsize=7, rotation=90, xytext=(0, 2), textcoords="offset points",
                 )  # fmt: skip
     ax.set_yscale("log")

@@ -23,7 +23,7 @@ from jax import lax
 
 from ._progress import chunked_scan
 from ._solution import Result
-from ._tree import tree_all_finite, tree_where
+from ._tree import tree_all_finite, tree_bytes, tree_where
 
 PyTree = Any
 
@@ -131,10 +131,6 @@ def chunked_join(chunks: tuple):
 STACKED_SAVE_BYTES = 1 << 22
 
 
-def _tree_bytes(tree) -> int:
-    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
-
-
 def save_slots(grid, ts, n_steps: int):
     """For each step ``k`` of ``grid``: the first save index and how many save times fall in it.
 
@@ -187,7 +183,7 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
     ts_buf, stacked = None, False
     if plan.ts is not None:
         n_ts = plan.ts.shape[0]
-        row_bytes = _tree_bytes(jax.eval_shape(lambda: (y0, st0)))
+        row_bytes = tree_bytes(jax.eval_shape(lambda: (y0, st0)))
         stacked = n_steps * row_bytes * plan.lanes <= STACKED_SAVE_BYTES
         if not stacked:
             xs["start"], xs["count"] = save_slots(grid, plan.ts, n_steps)
@@ -316,8 +312,9 @@ def while_loop(
     """Integrate from ``tau0`` to ``tau1 > tau0`` in one ``lax.while_loop``.
 
     ``control`` is an :class:`~odegrad.Adaptive` or a :class:`RuntimeGrid`. ``record`` keeps what
-    an adjoint needs: ``"times"`` (every accepted step's start and size) or ``"all"`` (also the
-    starting state and solver state of every accepted step, or of the first ``record_rows``).
+    an adjoint needs: ``"times"`` (every accepted step's start and size), ``"y"`` (also the
+    starting state of every accepted step, or of the first ``record_rows``) or ``"all"`` (also
+    its solver state).
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
@@ -378,9 +375,10 @@ def while_loop(
                 )
             ),
         )
-    if record == "all":
-        rows = max_steps if record_rows is None else min(record_rows, max_steps)
+    rows = max_steps if record_rows is None else min(record_rows, max_steps)
+    if record in ("y", "all"):
         c["rec_y"] = _fill(y0, rows, 0.0)
+    if record == "all":
         c["rec_st"] = _fill(st0, rows, 0.0)
     if progress is not None:
         c["reported"] = jnp.asarray(-1, jnp.int32)
@@ -438,8 +436,9 @@ def while_loop(
             new["acc_sum"] = jax.tree.map(
                 lambda a, b: a + jnp.where(accept, b, 0), c["acc_sum"], contrib
             )
-        if record == "all":
+        if "rec_y" in c:
             new["rec_y"] = _set_row(c["rec_y"], drop, y)
+        if "rec_st" in c:
             new["rec_st"] = _set_row(c["rec_st"], drop, st)
         new["t"] = jnp.where(accept, t_new, t)
         new["y"] = tree_where(accept, res.y1, y)
@@ -475,8 +474,10 @@ def while_loop(
     rec = {}
     if record != "none":
         rec = {"starts": c["starts"], "sizes": c["sizes"], "n": c["acc"]}
-    if record == "all":
-        rec["y"], rec["st"] = c["rec_y"], c["rec_st"]
+    if "rec_y" in c:
+        rec["y"] = c["rec_y"]
+    if "rec_st" in c:
+        rec["st"] = c["rec_st"]
     return LoopOutput(
         y1=c["y"],
         t1=c["t"],

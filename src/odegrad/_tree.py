@@ -68,6 +68,11 @@ def tree_all_finite(x: PyTree):
     return jnp.isfinite(total)
 
 
+def tree_bytes(x: PyTree) -> int:
+    """Bytes of all leaves (arrays or ``jax.ShapeDtypeStruct``s)."""
+    return sum(int(np.prod(jnp.shape(v))) * jnp.dtype(v.dtype).itemsize for v in jax.tree.leaves(x))
+
+
 def tree_size(x: PyTree) -> int:
     return sum(int(np.prod(jnp.shape(leaf))) for leaf in jax.tree.leaves(x))
 

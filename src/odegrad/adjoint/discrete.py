@@ -102,7 +102,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
     # adaptive solves keep their first `checkpoints` states while running forward: a solve that
     # took no more steps needs no recomputation, and a longer one uses them as the workspace
     prefix = not fixed and not store_all
-    record = "all" if store_all or prefix else "times"
+    record = "all" if store_all or (prefix and keep_state) else "y" if prefix else "times"
     record_rows = int(checkpoints) if prefix else None
 
     def strip(out: LoopOutput) -> LoopOutput:

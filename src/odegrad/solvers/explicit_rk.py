@@ -30,6 +30,27 @@ def hermite(y0, y1, f0, f1, dt, theta):
     )
 
 
+def stage_interpolant(coefficients, dense, theta):
+    """A Runge–Kutta method's dense output at ``t0 + theta * dt``.
+
+    With ``coefficients`` (row ``i``: the polynomial ``b_i(theta) / theta`` in increasing
+    powers), ``dense = (y0, dt, stages)`` and the value is ``y0 + dt * sum_i b_i(theta) k_i``;
+    with ``None``, ``dense = (y0, y1, f0, f1, dt)`` and the value is cubic Hermite.
+    """
+    if coefficients is None:
+        return hermite(*dense, theta)
+    y0, dt, ks = dense
+    weights = []
+    for coeffs in coefficients:
+        acc = jnp.zeros_like(theta)
+        for c in reversed(coeffs):  # Horner in theta, then one more theta: b_i(0) = 0
+            acc = acc * theta + c
+        weights.append(acc * theta)
+    return jax.tree.map(
+        lambda y, *k: y + dt * sum(w * ki for w, ki in zip(weights, k, strict=True)), y0, *ks
+    )
+
+
 #: States with at least this many entries get each stage written to memory before f reads it.
 MATERIALIZE_SIZE = 2048
 
@@ -95,20 +116,7 @@ class ExplicitRK(AbstractSolver):
         return StepResult(y1, error, dense, k_next)
 
     def interpolate(self, dense, theta):
-        tab = self.tableau
-        if tab.dense is None:
-            y0, y1, f0, f1, dt = dense
-            return hermite(y0, y1, f0, f1, dt, theta)
-        y0, dt, ks = dense
-        weights = []
-        for coeffs in tab.dense:
-            acc = jnp.zeros_like(theta)
-            for c in reversed(coeffs):  # Horner in theta, then one more theta: b_i(0) = 0
-                acc = acc * theta + c
-            weights.append(acc * theta)
-        return jax.tree.map(
-            lambda y, *k: y + dt * sum(w * ki for w, ki in zip(weights, k, strict=True)), y0, *ks
-        )
+        return stage_interpolant(self.tableau.dense, dense, theta)
 
 
 def _named(name: str, tab: ButcherTableau, doc: str) -> type[ExplicitRK]:

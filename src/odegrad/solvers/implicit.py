@@ -55,7 +55,7 @@ from jax.flatten_util import ravel_pytree
 from . import _linear
 from ._newton import stage_root
 from .base import AbstractSolver, StepResult
-from .explicit_rk import hermite
+from .explicit_rk import stage_interpolant
 
 #: Newton stops at this fraction of the adaptive controller's tolerances (Hairer & Wanner's
 #: ``kappa``, Solving ODEs II, IV.8: 1e-2..1e-1); without a controller at ``1e-10`` (float64).
@@ -484,20 +484,7 @@ class _ESDIRK(_Implicit):
         return StepResult(y1, unravel(err), dense, k_last)
 
     def interpolate(self, dense, theta):
-        tab = self.tableau
-        if tab.dense is None:
-            y0, y1, f0, f1, dt = dense
-            return hermite(y0, y1, f0, f1, dt, theta)
-        y0, dt, ks = dense
-        weights = []
-        for coeffs in tab.dense:
-            acc = jnp.zeros_like(theta)
-            for cm in reversed(coeffs):  # Horner; b_i(0) = 0
-                acc = acc * theta + cm
-            weights.append(acc * theta)
-        return jax.tree.map(
-            lambda y, *k: y + dt * sum(w * ki for w, ki in zip(weights, k, strict=True)), y0, *ks
-        )
+        return stage_interpolant(self.tableau.dense, dense, theta)
 
 
 class ImplicitEuler(_ESDIRK):

@@ -1,0 +1,309 @@
+"""The stage loop of the stabilised methods, differentiable though its length is a run-time value.
+
+:func:`two_step_recurrence` runs ``u_i = stage(u_{i-1}, u_{i-2}, ...)`` for the stages a step
+really takes, in a ``lax.fori_loop`` (two stages per trip, every state a loop output), with its
+own derivative rules: a ``jax.custom_jvp`` whose tangent is a linear map with a hand-written
+transpose. Forward mode runs the tangent recurrence; reverse mode runs the transposed recurrence,
+stage ``n`` down to 1, over stages the primal kept (up to :data:`KEPT_STAGES`) or that it
+recomputes once into a buffer (checkpointed segments beyond :data:`STAGE_MEMORY` bytes).
+:mod:`.stabilized` builds RKC, ROCK2 and ROCK4 on it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+
+from .._tree import is_inexact_array, tree_bytes
+
+
+def _lc(*pairs):
+    """``sum(c * x)`` over ``(c, x)`` pairs, leafwise; scalars cast to each leaf's dtype."""
+    coeffs = [c for c, _ in pairs]
+    trees = [x for _, x in pairs]
+
+    def leaf(*xs):
+        acc = None
+        for c, x in zip(coeffs, xs, strict=True):
+            term = jnp.asarray(c, dtype=x.dtype) * x
+            acc = term if acc is None else acc + term
+        return acc
+
+    return jax.tree.map(leaf, *trees)
+
+
+def _sg(tree):
+    return jax.tree.map(lambda x: lax.stop_gradient(x) if is_inexact_array(x) else x, tree)
+
+
+def _like(new, old):
+    """``new`` with the dtypes of ``old`` (a stage may promote, e.g. float32 time under x64)."""
+    return jax.tree.map(lambda a, b: jnp.asarray(a, jnp.result_type(b)), new, old)
+
+
+#: Stages that the primal pass of a differentiated step keeps for its reverse pass. A step with
+#: more stages is recomputed by its reverse pass, into a buffer of its capacity class
+#: (``8 * KEPT_STAGES``, or the most stages the method takes): a buffer's size is fixed when the
+#: program is compiled, and writing it costs memory traffic in every step, so it is kept close to
+#: the stage count really taken.
+KEPT_STAGES = 2
+#: Bytes that the reverse pass of one step may keep of its stages; beyond that it keeps
+#: checkpoints every ``B`` stages and recomputes one segment of ``B`` stages at a time.
+STAGE_MEMORY = 128 * 2**20
+
+
+def _segment_length(n_max: int, state_bytes: int, budget: int | None = None) -> int:
+    """Stages ``B`` per stored segment: every stage while ``n_max`` of them fit in ``budget``,
+    else the largest ``B`` with ``B + 2 ceil(n_max / B) + 2`` states in it (at least
+    ``~sqrt(2 n_max)``, the fewest states any segment length gives)."""
+    if n_max <= 1:
+        return 1
+    states = (STAGE_MEMORY if budget is None else budget) // max(state_bytes, 1)
+    if n_max + 4 <= states:
+        return n_max
+    b_min = max(2, math.isqrt(2 * n_max))
+    for b in range(n_max, b_min - 1, -1):
+        if b + 2 + 2 * -(-n_max // b) <= states:
+            return b
+    return b_min
+
+
+def _capacities(n_max: int, kept: int) -> list[int]:
+    """The capacity classes of the recomputing reverse pass, for stage counts above ``kept``:
+    ``8 kept``, then everything (each class is one more copy of the stage loops to compile)."""
+    return [c for c in (8 * kept,) if c < n_max] + ([n_max] if n_max > kept else [])
+
+
+def _get(buf, i):
+    return jax.tree.map(lambda b: lax.dynamic_index_in_dim(b, i, keepdims=False), buf)
+
+
+def _put(buf, i, x):
+    return jax.tree.map(lambda b, v: lax.dynamic_update_index_in_dim(b, v, i, 0), buf, x)
+
+
+def _buffer(x, n):
+    # uninitialised where the backend allows it (GPU); zeros on CPU
+    return jax.tree.map(lambda v: lax.empty((n, *jnp.shape(v)), jnp.result_type(v)), x)
+
+
+def _fori_pairs(lo, hi, body, carry):
+    """``lax.fori_loop(lo, hi, body, carry)`` two iterations per loop trip. A body that shifts
+    its carry (``(p, q) -> (q, new)``) makes XLA copy the shifted arrays in every trip of a
+    while loop (an output slot must reuse its input slot's buffer); two iterations per trip
+    return two new arrays instead, and the odd one left runs in a loop of at most one trip."""
+    pairs = (hi - lo) // 2
+    carry = lax.fori_loop(0, pairs, lambda j, c: body(lo + 2 * j + 1, body(lo + 2 * j, c)), carry)
+    return lax.fori_loop(lo + 2 * pairs, hi, body, carry)
+
+
+def _differentiable(x) -> bool:
+    return isinstance(x, jax.Array | np.ndarray | np.generic | float | complex) and jnp.issubdtype(
+        jnp.result_type(x), jnp.inexact
+    )
+
+
+def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
+    """``u_i = stage(u_{i-1}, u_{i-2}, xs[i-1], theta, consts)`` for ``i = 1..n``, from
+    ``u_{-1} = prev``, ``u_0 = cur``; returns ``(u_{n-1}, u_n)``. ``n`` is traced
+    (``<= len(xs)``). Its outputs are loop outputs, so XLA materialises them: a stage that
+    reads a state through a stencil never recomputes the state's producer once per neighbour.
+
+    The stage count of a stabilised step is a run-time value, so the loop is a ``fori_loop``
+    over the stages really taken, and it carries its own derivative rules (a ``jax.custom_jvp``
+    whose tangent is a linear map with a custom transpose), in ``prev``, ``cur`` and ``theta``
+    (``consts`` and ``xs`` are constants):
+
+    * forward mode (``jax.jvp``, ``og.Forward``): the tangent recurrence, one ``jax.jvp`` of
+      ``stage`` per stage, alongside the primal;
+    * reverse mode (``jax.vjp``: the Discrete adjoint): the transposed recurrence, stage ``n``
+      down to 1, with one ``jax.vjp`` of ``stage`` (so of ``f``) per stage taken. The primal pass
+      keeps up to :data:`KEPT_STAGES` stages; a step with more is recomputed once by the reverse
+      pass into a buffer of its capacity class, and where that would pass
+      :data:`STAGE_MEMORY` bytes, the state pair every ``B`` stages is kept instead and one
+      segment of ``B`` stages at a time is recomputed.
+
+    Second derivatives through it are not supported.
+    """
+    th_leaves, th_def = jax.tree.flatten(theta)
+    mask = [_differentiable(v) for v in th_leaves]
+    th_diff = [jnp.asarray(v) for v, m in zip(th_leaves, mask, strict=True) if m]
+    th_static = [v for v, m in zip(th_leaves, mask, strict=True) if not m]
+    consts = (_sg(consts), th_static)
+    xs = _sg(xs)
+    n_max = jax.tree.leaves(xs)[0].shape[0]
+    kept = max(1, min(n_max, KEPT_STAGES))
+    caps = _capacities(n_max, kept)
+    state_bytes = tree_bytes(cur)
+
+    def call(u1, u2, x, thd, cs):
+        user_consts, static = cs
+        it_d, it_s = iter(thd), iter(static)
+        leaves = [next(it_d) if m else next(it_s) for m in mask]
+        th = jax.tree.unflatten(th_def, leaves)
+        return _like(stage(u1, u2, x, th, user_consts), u1)
+
+    def x_at(xs, i):
+        return jax.tree.map(lambda a: a[i], xs)
+
+    def plain(prev, cur, thd, cs, xs, n):
+        def body(i, c):
+            p, q = c
+            return q, call(q, p, x_at(xs, i), thd, cs)
+
+        return _fori_pairs(0, n, body, (prev, cur))
+
+    def run(i0, count, p, q, buf, width, thd, cs, xs):
+        """Stages ``i0 + 1 .. i0 + count`` from ``(p, q) = (u_{i0-1}, u_{i0})``; the pair goes to
+        ``buf[0:2]`` and stage ``i0 + 1 + r`` to ``buf[2 + min(r, width - 1)]``."""
+        buf = _put(_put(buf, 0, p), 1, q)
+
+        def body(r, c):
+            p, q, buf = c
+            u = call(q, p, x_at(xs, i0 + r), thd, cs)
+            return q, u, _put(buf, 2 + jnp.minimum(r, width - 1), u)
+
+        return lax.fori_loop(0, count, body, (p, q, buf))
+
+    def back(i0, count, buf, thd, cs, xs, acc):
+        """The transposed stages ``i0 + count .. i0 + 1``, whose inputs are in ``buf``;
+        ``acc = (cotangent of u_i, partial cotangent of u_{i-1}, of theta)``."""
+
+        def body(rr, c):
+            g, h, ct_th = c
+            r = count - 1 - rr
+            if isinstance(buf, list):  # the one stage of a one-stage recurrence
+                u2, u1 = buf
+            else:
+                u1, u2 = _get(buf, r + 1), _get(buf, r)
+            x = x_at(xs, i0 + r)
+            _, vjp = jax.vjp(lambda a, b, t: call(a, b, x, t, cs), u1, u2, thd)
+            c1, c2, cth = vjp(g)
+            return _lc((1.0, h), (1.0, c1)), c2, _lc((1.0, ct_th), (1.0, cth))
+
+        return lax.fori_loop(0, count, body, acc)
+
+    def recompute_back(cap, prev, cur, thd, cs, xs, n, acc):
+        """Recompute ``n <= cap`` stages and run them backwards, in segments if need be."""
+        seg = _segment_length(cap, state_bytes)
+        n_seg = -(-cap // seg)
+        buf = _buffer(cur, seg + 2)
+        marks = _buffer((prev, cur), n_seg) if n_seg > 1 else None
+
+        def fwd(j, c):
+            p, q, buf, marks = c
+            if marks is not None:
+                marks = _put(marks, j, (p, q))
+            p, q, buf = run(j * seg, jnp.minimum(seg, n - j * seg), p, q, buf, seg, thd, cs, xs)
+            return p, q, buf, marks
+
+        last = -(-n // seg) - 1
+        _, _, buf, marks = lax.fori_loop(0, last + 1, fwd, (prev, cur, buf, marks))
+
+        def bwd(k, c):
+            j = last - k
+            acc, buf = c
+            if marks is not None:  # an earlier segment: recompute its stages from its mark
+                p, q = _get(marks, j)
+                _, _, buf = run(j * seg, jnp.where(k > 0, seg, 0), p, q, buf, seg, thd, cs, xs)
+            count = jnp.minimum(seg, n - j * seg)
+            return back(j * seg, count, buf, thd, cs, xs, acc), buf
+
+        return lax.fori_loop(0, last + 1, bwd, (acc, buf))[0]
+
+    def tangent(prev, cur, thd, cs, xs, n, dprev, dcur, dthd):
+        def body(i, c):
+            p, q, dp, dq = c
+            x = x_at(xs, i)
+            u, du = jax.jvp(lambda a, b, t: call(a, b, x, t, cs), (q, p, thd), (dq, dp, dthd))
+            return q, u, dq, du
+
+        _, _, dp, dq = lax.fori_loop(0, n, body, (prev, cur, dprev, dcur))
+        return dp, dq
+
+    def reverse(prev, cur, thd, cs, xs, n, kept_buf, ct_out):
+        acc = (ct_out[1], ct_out[0], _zeros_like(thd))
+        if kept_buf is None:  # at most one stage: its inputs are (cur, prev)
+            g, h, ct_th = back(0, n, [prev, cur], thd, cs, xs, acc)
+            return h, g, ct_th
+        branches = [lambda acc: back(0, n, kept_buf, thd, cs, xs, acc)]
+        branches += [
+            lambda acc, cap=cap: recompute_back(cap, prev, cur, thd, cs, xs, n, acc) for cap in caps
+        ]
+        which = jnp.where(n <= kept, 0, 1 + jnp.searchsorted(jnp.asarray(caps or [0]), n))
+        g, h, ct_th = lax.switch(jnp.minimum(which, len(branches) - 1), branches, acc)
+        return h, g, ct_th  # cotangents of prev (u_{-1}), cur (u_0), theta
+
+    @jax.custom_jvp
+    def rec(prev, cur, thd, cs, xs, n):
+        return plain(prev, cur, thd, cs, xs, n)
+
+    def rec_jvp(primals, tangents):
+        prev, cur, thd, cs, xs, n = primals
+        # the primal, keeping its first stages (all of them when n <= kept) for the reverse pass
+        if n_max > 1:
+            p, q, kept_buf = run(0, n, prev, cur, _buffer(cur, kept + 2), kept, thd, cs, xs)
+            out = (p, q)
+        else:
+            out, kept_buf = plain(prev, cur, thd, cs, xs, n), None
+        flat, tdef = jax.tree.flatten(tuple(tangents[:3]), is_leaf=_is_symbolic_zero)
+        live = [i for i, t in enumerate(flat) if not _is_symbolic_zero(t)]
+        out_leaves, out_def = jax.tree.flatten(out)
+        if not live:
+            return out, _zeros_like(out)
+        # The tangent map (du_{-1}, du_0, dtheta) -> (du_{n-1}, du_n) is linear and has a
+        # hand-written transpose (the reverse recurrence). lax.custom_linear_solve is JAX's
+        # public way to give a linear map its own transpose; here its "matrix" is the identity,
+        # so its "solve" is the map itself. Its right-hand side must be the perturbed tangents
+        # only, and it is square: the output pair goes out through the slots of the input pair
+        # (same shapes) where those are perturbed, else through a zero slot made from a
+        # perturbed tangent (so it is linear too).
+        slots, extra = [], []
+        for j, o in enumerate(out_leaves):
+            if j in live:
+                slots.append(live.index(j))
+            else:
+                slots.append(len(live) + len(extra))
+                seed = flat[live[0]]
+                extra.append(jnp.zeros_like(o) + (0 * jnp.sum(seed)).astype(jnp.result_type(o)))
+        b = [flat[i] for i in live] + extra
+
+        def expand(vals):
+            full = [
+                jnp.zeros(jnp.shape(p), jnp.result_type(p)) for p in jax.tree.leaves(primals[:3])
+            ]
+            for i, v in zip(live, vals, strict=False):
+                full[i] = v
+            return jax.tree.unflatten(tdef, full)
+
+        def solve(_, b):
+            dp, dc, dth = expand(b[: len(live)])
+            du = jax.tree.leaves(tangent(prev, cur, thd, cs, xs, n, dp, dc, dth))
+            x = [jnp.zeros_like(v) for v in b]
+            for j, s_ in enumerate(slots):
+                x[s_] = du[j]
+            return x
+
+        def transpose_solve(_, ct):
+            ct_out = jax.tree.unflatten(out_def, [ct[s_] for s_ in slots])
+            back_ = jax.tree.leaves(reverse(prev, cur, thd, cs, xs, n, kept_buf, ct_out))
+            return [back_[i] for i in live] + [jnp.zeros_like(v) for v in extra]
+
+        x = lax.custom_linear_solve(lambda v: v, b, solve, transpose_solve)
+        return out, jax.tree.unflatten(out_def, [x[s_] for s_ in slots])
+
+    rec.defjvp(rec_jvp, symbolic_zeros=True)
+    return rec(prev, cur, th_diff, consts, xs, n)
+
+
+def _is_symbolic_zero(x) -> bool:
+    return isinstance(x, SymbolicZero)
+
+
+def _zeros_like(tree):
+    return jax.tree.map(jnp.zeros_like, tree)
