@@ -314,6 +314,62 @@ def test_recurrence_gradient_matches_finite_differences(solver, dt, rtol, memory
     np.testing.assert_allclose(jf, g_a, rtol=1e-11)
 
 
+@pytest.mark.parametrize("solver", [og.ROCK2, og.ROCK4, og.RKC])
+def test_straight_line_reverse_matches_recomputing_reverse(solver, monkeypatch):
+    """Steps of 1 .. KEPT_STAGES recurrence stages are reversed by straight-line code that
+    recomputes the inner stages; it must give the numbers of the recomputing loop (forced by
+    ``KEPT_STAGES = 1``), for every stage count it handles and the ones beyond."""
+    from odegrad.solvers import _recurrence
+
+    f, _, x = heat(32)
+    g = lambda t, y, a: f(t, y, a[0]) + a[1] * jnp.sin(y) * (1.0 + t)  # nonlinear, t-dependent
+    y0 = smooth_y0(x)
+    a0 = jnp.asarray([1.0, 0.3])
+    rho = 1.2 * 4.0 / (1.0 / 33) ** 2
+    dts = [0.0006, 0.0015, 0.003, 0.0045, 0.006, 0.008, 0.011, 0.014]
+    counts = {int(solver().stage_count(rho * dt)) for dt in dts}
+    assert len(counts) >= 5, counts
+
+    # one solve whose steps take every dt twice, so one compiled gradient (per KEPT_STAGES)
+    # reverses every stage count
+    ts = jnp.concatenate([jnp.zeros(1), jnp.cumsum(jnp.repeat(jnp.asarray(dts), 2))])
+
+    def loss(a, y):
+        sol = og.solve(g, y, (0.0, float(ts[-1])), (a[0], a[1]), solver=solver(),
+                       step=og.StepTo(ts))  # fmt: skip
+        return jnp.sum(sol.ys[-1] ** 2)
+
+    straight = jax.grad(loss, argnums=(0, 1))(a0, y0)
+    monkeypatch.setattr(_recurrence, "KEPT_STAGES", 1)
+    looped = jax.grad(loss, argnums=(0, 1))(a0, y0)
+    for s_, l_ in zip(straight, looped, strict=True):
+        np.testing.assert_allclose(s_, l_, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("checkpoints", [None, 2])
+def test_rock2_adaptive_discrete_recomputes_state_from_y(checkpoints):
+    """With a spectral radius the ROCK state ``(f(t, y), rho)`` is recomputed from ``y`` by the
+    adaptive Discrete adjoint (its checkpoints keep ``y`` alone); with few slots the binomial
+    schedule runs instead of the plain sweep. Both match forward sensitivities."""
+    f, _, x = heat(32)
+    rho = lambda t, y, a: 4.0 * a / (1.0 / 33) ** 2
+    solver = og.ROCK2(spectral_radius=rho)
+    assert solver.state_from_y and not og.ROCK2().state_from_y
+    y0 = smooth_y0(x)
+    step = og.Adaptive(rtol=1e-7, atol=1e-7)
+
+    def loss(a, y, adjoint):
+        sol = og.solve(f, y, (0.0, 0.02), a, solver=solver, step=step, adjoint=adjoint)
+        return jnp.sum(sol.ys[-1] ** 2)
+
+    ref = jax.jacfwd(loss, argnums=(0, 1))(1.0, y0, og.Forward())
+    steps = int(og.solve(f, y0, (0.0, 0.02), 1.0, solver=solver, step=step).stats["accepted"])
+    assert checkpoints is None or steps > checkpoints
+    got = jax.grad(loss, argnums=(0, 1))(1.0, y0, og.Discrete(checkpoints))
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-9)
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-9, atol=1e-12)
+
+
 def test_recurrence_gradient_under_vmap():
     f, _, x = heat(16)
     y0 = smooth_y0(x)

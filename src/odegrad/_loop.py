@@ -379,7 +379,7 @@ def while_loop(
     if record in ("y", "all"):
         c["rec_y"] = _fill(y0, rows, 0.0)
     if record == "all":
-        c["rec_st"] = _fill(st0, rows, 0.0)
+        c["rec_st"] = _fill(solver.compact_state(st0), rows, 0.0)
     if progress is not None:
         c["reported"] = jnp.asarray(-1, jnp.int32)
 
@@ -439,7 +439,7 @@ def while_loop(
         if "rec_y" in c:
             new["rec_y"] = _set_row(c["rec_y"], drop, y)
         if "rec_st" in c:
-            new["rec_st"] = _set_row(c["rec_st"], drop, st)
+            new["rec_st"] = _set_row(c["rec_st"], drop, solver.compact_state(st))
         new["t"] = jnp.where(accept, t_new, t)
         new["y"] = tree_where(accept, res.y1, y)
         new["st"] = tree_where(accept, res.state, st)

@@ -103,9 +103,9 @@ class Auto(AbstractAdjoint):
             how = (
                 f"a buffer for all max_steps states would take "
                 f"{_mib(problem.max_steps * per_state)} (more than {_mib(ADAPTIVE_ALL_BYTES)}), "
-                f"so the forward pass keeps its first {resolved} states of {_mib(per_state)} "
-                f"each: a solve of at most {resolved} steps recomputes nothing, a longer one "
-                "recomputes on a binomial (revolve) schedule"
+                f"so the forward pass keeps its first {resolved} states of "
+                f"{_mib(problem.checkpoint_bytes())} each: a solve of at most {resolved} steps "
+                "recomputes nothing, a longer one recomputes on a binomial (revolve) schedule"
             )
         text = (
             f"Auto chose Discrete(checkpoints={resolved!r}) for {size} and {where}: the exact "

@@ -81,12 +81,18 @@ class Problem:
         )
 
     def step(self, tau, h, y, args, state):
-        """One solver step from forward time ``tau`` with forward-time size ``h``."""
-        s = self.direction
-        return self.solver.step(self.f, s * tau, s * h, y, args, state)
+        """One solver step from forward time ``tau`` with forward-time size ``h``. Adjoints
+        replay steps: ``state`` and the result's state are what they checkpoint
+        (``solver.compact_state``)."""
+        s, solver = self.direction, self.solver
+        res = solver.step(self.f, s * tau, s * h, y, args, solver.expand_state(state))
+        return res._replace(state=solver.compact_state(res.state))
 
-    def init_state(self, y, args):
-        return self.solver.init(self.f, self.direction * self.tau0, y, args)
+    def init_state(self, y, args, tau=None):
+        """The solver's carried state at ``(tau, y)`` (default: the start), as adjoints
+        checkpoint it."""
+        tau = self.tau0 if tau is None else tau
+        return self.solver.compact_state(self.solver.init(self.f, self.direction * tau, y, args))
 
     def state_bytes(self) -> int:
         """Bytes of one state plus the solver's carried state."""
@@ -94,6 +100,14 @@ class Problem:
         leaves = jax.tree.leaves(self.y0) + jax.tree.leaves(st)
         itemsize = max((jax.numpy.result_type(x).itemsize for x in leaves), default=8)
         return itemsize * (tree_size(self.y0) + tree_size(st))
+
+    def checkpoint_bytes(self) -> int:
+        """Bytes of one binomial-schedule checkpoint: ``y`` alone when the solver's state is
+        recomputed from it (``solver.state_from_y``), else ``y`` and that state."""
+        if not self.solver.state_from_y:
+            return self.state_bytes()
+        leaves = jax.tree.leaves(self.y0)
+        return sum(int(jax.numpy.size(x)) * jax.numpy.result_type(x).itemsize for x in leaves)
 
 
 def call_custom_vjp(custom, plain, *args):

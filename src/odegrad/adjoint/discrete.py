@@ -32,6 +32,17 @@ ADAPTIVE_ALL_BYTES = 8 * 2**20
 #: more steps recomputes nothing), and the binomial schedule reverses ~2000 steps with 64 slots
 #: in two recomputing sweeps, so more slots would mostly cost allocation.
 ADAPTIVE_SLOTS = 64
+#: ... and at most this many bytes of them, but at least :data:`ADAPTIVE_MIN_SLOTS` states
+#: (within ``memory_budget``). The buffer is allocated and zeroed whole on every gradient call,
+#: used or not, and on CPU memory that fresh costs a page fault per 4 KiB when first touched:
+#: measured ~0.4 ms per MiB, as much as a 96^3 float32 ROCK2 gradient's forward pass for 64
+#: states of 3.4 MiB. So large states get fewer slots (18 of 3.4 MiB); a longer solve
+#: recomputes under the binomial schedule.
+ADAPTIVE_PREFIX_BYTES = 64 * 2**20
+#: A step recomputed costs far more than a zeroed row, so a solve of the 10-30 steps typical of
+#: stabilised methods should not recompute: 96^3 float64 ROCK2 (13 steps of 6.8 MiB) took 3.9x
+#: its forward time with 9 slots, 3.5x with 18.
+ADAPTIVE_MIN_SLOTS = 16
 
 
 @dataclass(frozen=True)
@@ -46,7 +57,8 @@ class Discrete(AbstractAdjoint):
             the first ``c`` states, so a solve of at most ``c`` steps recomputes nothing).
             ``None`` (default) keeps everything while that fits in ``memory_budget`` bytes (fixed
             grids: every step's stages; adaptive: ``max_steps`` states, up to 8 MiB) and
-            otherwise as many checkpoints as fit (adaptive: at most 64).
+            otherwise as many checkpoints as fit (adaptive: at most 64, in at most 64 MiB unless
+            that leaves fewer than 16).
         memory_budget: bytes for ``checkpoints=None``.
 
     Example:
@@ -77,7 +89,9 @@ class Discrete(AbstractAdjoint):
             return max(2, min(n, self.memory_budget // per_state))
         if problem.max_steps * per_state <= min(self.memory_budget, ADAPTIVE_ALL_BYTES):
             return "all"
-        return max(2, min(ADAPTIVE_SLOTS, problem.max_steps, self.memory_budget // per_state))
+        row = max(problem.checkpoint_bytes(), 1)
+        slots = max(ADAPTIVE_PREFIX_BYTES // row, ADAPTIVE_MIN_SLOTS)
+        return max(2, min(ADAPTIVE_SLOTS, problem.max_steps, slots, self.memory_budget // row))
 
     def describe(self, problem: Problem) -> str:
         return f"Discrete(checkpoints={self.resolve(problem)!r})"
@@ -148,7 +162,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
         def step_fn(k, y, st, a_diff):
             a = problem.with_args(a_diff)
             if st is None:
-                st = problem.solver.init(problem.f, problem.direction * starts[k], y, a)
+                st = problem.init_state(y, a, starts[k])
             res_ = step_problem.step(starts[k], sizes[k], y, a, st)
             # the dense output is an output of the step only when saves read it: otherwise the
             # reverse step would push zero cotangents through every stage
@@ -168,7 +182,13 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
                 (y1, _, dense), vjp = jax.vjp(lambda y, s, a: step_fn(k, y, s, a), *x, args_diff)
             else:
                 (y1, _, dense), vjp_y = jax.vjp(lambda y, a: step_fn(k, y, None, a), x, args_diff)
-                vjp = lambda c: (*vjp_y(c)[:1], None, vjp_y(c)[1])
+
+                def vjp(c):
+                    # one call: each call is a whole reverse pass of the step, which XLA does
+                    # not merge with another (calling it per output doubled the stage transposes)
+                    cy, ca = vjp_y(c)
+                    return cy, None, ca
+
             ct_dense = tree_zeros_like(dense)
             if plan.dense:
                 ct_dense = tree_add(ct_dense, jax.tree.map(lambda c: c[k], ct.dense[2]))

@@ -55,18 +55,18 @@ class DenseSolve:
     """``b -> (I - c J)^{-1} b`` by one LU factorisation (differentiable in ``J`` and ``c``)."""
 
     def __init__(self, jac, c):
-        n = jac.shape[0]
-        self.lu = jsl.lu_factor(jnp.eye(n, dtype=jac.dtype) - c * jac)
+        self.lu = iteration_lu(jac, c)
 
     def __call__(self, b):
         return jsl.lu_solve(self.lu, b)
 
 
-def krylov(matvec, b, *, tol, restart, maxiter, precond=None, atol=0.0):
+def krylov(matvec, b, *, tol, restart, maxiter, precond=None, atol=0.0, precond_t=None):
     """``matvec^{-1} b`` by restarted GMRES, with a transpose rule for reverse mode.
 
     Unlike calling :func:`~jax.scipy.sparse.linalg.gmres` directly, the tolerance of the
     transposed solve (reverse mode) is relative to its own right-hand side, not the primal one.
+    ``precond_t`` preconditions the transposed solve (default: ``precond``).
     """
 
     def solve(mv, rhs):
@@ -83,8 +83,8 @@ def krylov(matvec, b, *, tol, restart, maxiter, precond=None, atol=0.0):
         return x
 
     def transpose_solve(vm, rhs):
-        # the preconditioner approximates M^{-1}; for M^T it is only a guess, which affects the
-        # iteration count, not the answer
+        # the preconditioner approximates M^{-1}; without precond_t, for M^T it is only a
+        # guess, which affects the iteration count, not the answer
         x, _ = gmres(
             vm,
             rhs,
@@ -92,7 +92,7 @@ def krylov(matvec, b, *, tol, restart, maxiter, precond=None, atol=0.0):
             atol=0.0,
             restart=restart,
             maxiter=maxiter,
-            M=precond,
+            M=precond if precond_t is None else precond_t,
             solve_method="incremental",
         )
         return x
@@ -115,15 +115,20 @@ class KrylovSolve:
         return krylov(self.matvec, b, **self.kw)
 
 
+def iteration_lu(jac, c):
+    """The LU factorisation (``jax.scipy.linalg.lu_factor``) of ``M = I - c J``."""
+    return jsl.lu_factor(jnp.eye(jac.shape[0], dtype=jac.dtype) - c * jac)
+
+
 class DenseNewton:
-    """Newton linear algebra, dense: the LU of ``M = I - c J(t0, y0)`` (given), refreshed on
-    request to the LU of the residual's exact Jacobian at the iterate."""
+    """Newton linear algebra, dense: the LU of ``M = I - c J`` (given, from
+    :func:`iteration_lu`), refreshed on request to the LU of the residual's exact Jacobian at
+    the iterate."""
 
     exact = False
 
-    def __init__(self, jac, c):
-        n = jac.shape[0]
-        self.lu0 = jsl.lu_factor(jnp.eye(n, dtype=jac.dtype) - c * jac)
+    def __init__(self, lu):
+        self.lu0 = lu
 
     def init(self):
         return self.lu0
@@ -156,16 +161,33 @@ class KrylovNewton:
         return data
 
 
-def tangent_solver(kind: str, gmres_kw: dict, precond=None):
+#: Derivative solves of dense systems from this many state entries up run GMRES on the exact
+#: JVP, preconditioned by the Newton iteration's LU, instead of building and factorising the
+#: exact Jacobian at every stage's root (``n`` JVPs and ``n^3 / 3`` flops per stage).
+PRECONDITIONED_MIN = 16
+
+
+def tangent_solver(kind: str, gmres_kw: dict, precond=None, lu=None):
     """``tangent_solve(g, b)`` for :func:`jax.lax.custom_root`: ``g`` is the residual linearised
-    at the root (``g = I - c J(z*)``, exact), solved densely or by GMRES; both transposable."""
-    if kind == "dense":
+    at the root (``g = I - c J(z*)``, exact), solved densely, by GMRES, or (dense systems of
+    ``PRECONDITIONED_MIN`` entries or more, given Newton's ``lu`` of ``I - c J0``) by GMRES
+    preconditioned with that LU (and its transpose for the transposed solve): ``J0`` differs
+    from ``J(z*)`` by what Newton's contraction rate measured, so a few iterations reach
+    ``tol``. All transposable."""
+    if kind == "dense" and (lu is None or lu[0].shape[0] < PRECONDITIONED_MIN):
 
         def solve(g, b):
             mat = jax.jacfwd(g)(jnp.zeros_like(b))
             return jnp.linalg.solve(mat, b)
 
         return solve
+    if kind == "dense":
+        # tighter than the matrix-free default: each iteration is cheap here
+        eps = float(jnp.finfo(lu[0].dtype).eps)
+        kw = dict(gmres_kw, tol=max(1e-2 * gmres_kw["tol"], 10 * eps))
+        fwd = lambda v: jsl.lu_solve(lu, v)
+        bwd = lambda v: jsl.lu_solve(lu, v, trans=1)
+        return lambda g, b: krylov(g, b, precond=fwd, precond_t=bwd, **kw)
 
     def solve(g, b):
         return krylov(g, b, precond=precond, **gmres_kw)

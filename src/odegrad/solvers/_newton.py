@@ -26,7 +26,11 @@ def _norm(dz, scale):
 
 
 def newton(residual, z0, linsys, scale, max_iters: int):
-    """Chord-Newton iterations from ``z0``; returns ``(z, failed)``.
+    """Chord-Newton iterations from ``z0``; returns ``(z, failed, rate, iterations)``.
+
+    ``rate`` is the slowest contraction ``theta`` seen (0 when the first increment was already
+    converged; ``inf`` when the matrix had to be rebuilt): the caller reuses its Jacobian for
+    the next step only when this is small.
 
     ``linsys`` supplies the linear algebra (``DenseNewton`` / ``KrylovNewton`` in ``_linear``):
     ``init()`` the matrix data (the LU of ``M`` at the step start), ``solve(data, z, residual)``
@@ -40,11 +44,11 @@ def newton(residual, z0, linsys, scale, max_iters: int):
     tiny = jnp.finfo(dtype).tiny
 
     def cond(c):
-        k, _, _, done, failed, _, _ = c
+        k, _, _, done, failed, _, _, _ = c
         return (~done) & (~failed) & (k < max_iters)
 
     def body(c):
-        k, z, n_prev, _, _, fresh, data = c
+        k, z, n_prev, _, _, fresh, data, rate = c
         dz = linsys.solve(data, z, residual)
         z = z - dz
         n = _norm(dz, scale)
@@ -61,7 +65,8 @@ def newton(residual, z0, linsys, scale, max_iters: int):
         failed = ~jnp.isfinite(n) | (fresh & ~done & (k > 0) & (theta >= 1))
         data = linsys.refresh(data, z, residual, refresh)
         n_keep = jnp.where(jnp.isfinite(n), n, one)
-        return k + 1, z, n_keep, done, failed & ~done, fresh | refresh, data
+        rate = jnp.maximum(rate, jnp.where(refresh | ~jnp.isfinite(theta), jnp.inf, theta))
+        return k + 1, z, n_keep, done, failed & ~done, fresh | refresh, data, rate
 
     init = (
         jnp.asarray(0),
@@ -71,21 +76,24 @@ def newton(residual, z0, linsys, scale, max_iters: int):
         jnp.asarray(False),
         jnp.asarray(linsys.exact),
         linsys.init(),
+        jnp.zeros((), dtype),
     )
-    _, z, _, done, failed, _, _ = lax.while_loop(cond, body, init)
-    return z, failed | ~done
+    k, z, _, done, failed, _, _, rate = lax.while_loop(cond, body, init)
+    return z, failed | ~done, rate, k
 
 
 def stage_root(residual, z0, linsys, scale, max_iters: int, tangent_solve):
-    """The root of ``residual`` near ``z0`` and a failure flag; differentiable by the implicit
-    function theorem (see the module docstring). ``residual`` may close over traced values
-    (the stage's explicit part, ``dt``, ``args``): their derivatives flow to the root."""
+    """The root of ``residual`` near ``z0``, a failure flag, Newton's contraction rate and its
+    iteration count (see :func:`newton`); differentiable by the implicit function theorem (see
+    the module docstring). ``residual`` may close over traced values (the stage's explicit
+    part, ``dt``, ``args``): their derivatives flow to the root."""
 
     def run(f, guess):
-        z, failed = newton(f, guess, linsys, scale, max_iters)
-        # a float flag: custom_root's JVP gives aux outputs zero tangents of their own dtype,
-        # which JAX rejects for booleans (they need float0)
-        return z, failed.astype(z.dtype)
+        z, failed, rate, iters = newton(f, guess, linsys, scale, max_iters)
+        # float flags: custom_root's JVP gives aux outputs zero tangents of their own dtype,
+        # which JAX rejects for booleans and integers (they need float0)
+        return z, (failed.astype(z.dtype), rate, iters.astype(z.dtype))
 
-    z, failed = lax.custom_root(residual, z0, run, tangent_solve, has_aux=True)
-    return z, failed > 0
+    z, aux = lax.custom_root(residual, z0, run, tangent_solve, has_aux=True)
+    failed, rate, iters = lax.stop_gradient(aux)
+    return z, failed > 0, rate, iters.astype(jnp.int32)

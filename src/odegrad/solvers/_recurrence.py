@@ -4,7 +4,8 @@
 really takes, in a ``lax.fori_loop`` (two stages per trip, every state a loop output), with its
 own derivative rules: a ``jax.custom_jvp`` whose tangent is a linear map with a hand-written
 transpose. Forward mode runs the tangent recurrence; reverse mode runs the transposed recurrence,
-stage ``n`` down to 1, over stages the primal kept (up to :data:`KEPT_STAGES`) or that it
+stage ``n`` down to 1: for up to :data:`KEPT_STAGES` stages as straight-line code that reads the
+primal's inputs and outputs and recomputes the stages between them, beyond that over stages it
 recomputes once into a buffer (checkpointed segments beyond :data:`STAGE_MEMORY` bytes).
 :mod:`.stabilized` builds RKC, ROCK2 and ROCK4 on it.
 """
@@ -46,12 +47,16 @@ def _like(new, old):
     return jax.tree.map(lambda a, b: jnp.asarray(a, jnp.result_type(b)), new, old)
 
 
-#: Stages that the primal pass of a differentiated step keeps for its reverse pass. A step with
-#: more stages is recomputed by its reverse pass, into a buffer of its capacity class
-#: (``8 * KEPT_STAGES``, or the most stages the method takes): a buffer's size is fixed when the
-#: program is compiled, and writing it costs memory traffic in every step, so it is kept close to
-#: the stage count really taken.
-KEPT_STAGES = 2
+#: Steps of at most this many stages are reversed by straight-line code, one branch per stage
+#: count: the primal pass is the plain loop (it keeps nothing: its inputs ``u_{-1}, u_0`` and
+#: outputs ``u_{n-1}, u_n`` are the residuals) and the reverse pass recomputes ``u_1 ..
+#: u_{n-2}`` (``n - 2`` stages) before it runs the ``n`` transposed stages. No buffer, so no
+#: memory traffic beyond the stages themselves: a buffer is allocated (and, on CPU, zeroed)
+#: whole in every step, and its rows read at a run-time index make XLA:CPU's stencil kernels
+#: several times slower. Longer steps recompute their stages into a buffer of their capacity
+#: class (``8 * KEPT_STAGES``, or the most stages the method takes). Each stage count up to
+#: this is one more branch to compile (``~KEPT_STAGES**2`` stage transposes in all).
+KEPT_STAGES = 6
 #: Bytes that the reverse pass of one step may keep of its stages; beyond that it keeps
 #: checkpoints every ``B`` stages and recomputes one segment of ``B`` stages at a time.
 STAGE_MEMORY = 128 * 2**20
@@ -123,7 +128,9 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
       ``stage`` per stage, alongside the primal;
     * reverse mode (``jax.vjp``: the Discrete adjoint): the transposed recurrence, stage ``n``
       down to 1, with one ``jax.vjp`` of ``stage`` (so of ``f``) per stage taken. The primal pass
-      keeps up to :data:`KEPT_STAGES` stages; a step with more is recomputed once by the reverse
+      is the plain loop. A step of up to :data:`KEPT_STAGES` stages is reversed by straight-line
+      code (one branch per stage count) that recomputes ``u_1 .. u_{n-2}`` from the primal's
+      inputs (``u_{n-1}`` is its output); a step with more is recomputed once by the reverse
       pass into a buffer of its capacity class, and where that would pass
       :data:`STAGE_MEMORY` bytes, the state pair every ``B`` stages is kept instead and one
       segment of ``B`` stages at a time is recomputed.
@@ -177,16 +184,71 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
         def body(rr, c):
             g, h, ct_th = c
             r = count - 1 - rr
-            if isinstance(buf, list):  # the one stage of a one-stage recurrence
-                u2, u1 = buf
-            else:
-                u1, u2 = _get(buf, r + 1), _get(buf, r)
-            x = x_at(xs, i0 + r)
-            _, vjp = jax.vjp(lambda a, b, t: call(a, b, x, t, cs), u1, u2, thd)
-            c1, c2, cth = vjp(g)
-            return _lc((1.0, h), (1.0, c1)), c2, _lc((1.0, ct_th), (1.0, cth))
+            u1, u2 = _get(buf, r + 1), _get(buf, r)
+            return transposed(i0 + r, u1, u2, thd, cs, xs, (g, h, ct_th))
 
         return lax.fori_loop(0, count, body, acc)
+
+    def transposed(i, u1, u2, thd, cs, xs, acc):
+        """Stage ``i + 1`` (inputs ``u1 = u_i``, ``u2 = u_{i-1}``) transposed: ``acc`` holds
+        the cotangent of its output, the partial cotangent of ``u1``, and that of ``theta``."""
+        g, h, ct_th = acc
+        x = x_at(xs, i)
+        _, vjp = jax.vjp(lambda a, b, t: call(a, b, x, t, cs), u1, u2, thd)
+        c1, c2, cth = vjp(g)
+        return _lc((1.0, h), (1.0, c1)), c2, _lc((1.0, ct_th), (1.0, cth))
+
+    def straight_back(m, prev, cur, out, thd, cs, xs, n, acc):
+        """The ``m <= KEPT_STAGES`` transposed stages as straight-line code: ``u_1 .. u_{m-2}``
+        recomputed (each materialised, so that no stencil recomputes its producer), ``u_{m-1}``
+        the primal's output, then stages ``m .. 1`` transposed."""
+        us = [prev, cur]  # us[j + 1] = u_j
+        for i in range(m - 2):
+            # computed inside a conditional (taken: n = m here), whose output XLA materialises:
+            # straight-line code would let it fuse the stage into every stencil that reads it
+            # (optimization_barrier does not prevent that on CPU)
+            u1, u2 = us[-1], us[-2]
+            us.append(
+                lax.cond(
+                    n > i,
+                    lambda u1=u1, u2=u2, i=i: call(u1, u2, x_at(xs, i), thd, cs),
+                    lambda u1=u1: _zeros_like(u1),
+                )
+            )
+        if m >= 2:
+            us.append(out[0])
+        if m == 0:
+            return acc
+        g, h, ct_th = acc
+
+        def partial_u2(i, g):
+            """Stage ``i + 1``'s cotangent of its input ``u_{i-1}`` (a linear term of the next
+            stage's cotangent, which XLA fuses there instead of materialising it)."""
+            x = x_at(xs, i)
+            return jax.vjp(lambda b: call(us[i + 1], b, x, thd, cs), us[i])[1](g)[0]
+
+        def one(i, first, g, gnext, ct_th):
+            x = x_at(xs, i)
+            _, vjp = jax.vjp(lambda a, t: call(a, us[i], x, t, cs), us[i + 1], thd)
+            c1, cth = vjp(g)
+            part = gnext if first else partial_u2(i + 1, gnext)
+            return _lc((1.0, part), (1.0, c1)), _lc((1.0, ct_th), (1.0, cth))
+
+        # stages m .. 1, each in a conditional (taken: n = m here) whose outputs XLA
+        # materialises: the cotangent of each stage's input, read through a stencil by the
+        # next one, is computed once instead of fused into (recomputed by) its readers
+        gnext = h
+        for i in range(m - 1, -1, -1):
+            g_new, ct_th = lax.cond(
+                n > i,
+                lambda g, gnext, ct_th, i=i: one(i, i == m - 1, g, gnext, ct_th),
+                lambda g, gnext, ct_th: _zeros_like((g, ct_th)),
+                g,
+                gnext,
+                ct_th,
+            )
+            g, gnext = g_new, g
+        return g, partial_u2(0, gnext), ct_th
 
     def recompute_back(cap, prev, cur, thd, cs, xs, n, acc):
         """Recompute ``n <= cap`` stages and run them backwards, in segments if need be."""
@@ -226,17 +288,17 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
         _, _, dp, dq = lax.fori_loop(0, n, body, (prev, cur, dprev, dcur))
         return dp, dq
 
-    def reverse(prev, cur, thd, cs, xs, n, kept_buf, ct_out):
+    def reverse(prev, cur, out, thd, cs, xs, n, ct_out):
         acc = (ct_out[1], ct_out[0], _zeros_like(thd))
-        if kept_buf is None:  # at most one stage: its inputs are (cur, prev)
-            g, h, ct_th = back(0, n, [prev, cur], thd, cs, xs, acc)
-            return h, g, ct_th
-        branches = [lambda acc: back(0, n, kept_buf, thd, cs, xs, acc)]
+        branches = [
+            lambda acc, m=m: straight_back(m, prev, cur, out, thd, cs, xs, n, acc)
+            for m in range(kept + 1)
+        ]
         branches += [
             lambda acc, cap=cap: recompute_back(cap, prev, cur, thd, cs, xs, n, acc) for cap in caps
         ]
-        which = jnp.where(n <= kept, 0, 1 + jnp.searchsorted(jnp.asarray(caps or [0]), n))
-        g, h, ct_th = lax.switch(jnp.minimum(which, len(branches) - 1), branches, acc)
+        which = jnp.where(n <= kept, n, kept + 1 + jnp.searchsorted(jnp.asarray(caps or [0]), n))
+        g, h, ct_th = lax.switch(jnp.clip(which, 0, len(branches) - 1), branches, acc)
         return h, g, ct_th  # cotangents of prev (u_{-1}), cur (u_0), theta
 
     @jax.custom_jvp
@@ -245,12 +307,8 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
 
     def rec_jvp(primals, tangents):
         prev, cur, thd, cs, xs, n = primals
-        # the primal, keeping its first stages (all of them when n <= kept) for the reverse pass
-        if n_max > 1:
-            p, q, kept_buf = run(0, n, prev, cur, _buffer(cur, kept + 2), kept, thd, cs, xs)
-            out = (p, q)
-        else:
-            out, kept_buf = plain(prev, cur, thd, cs, xs, n), None
+        # the primal: the plain loop; its inputs and outputs are what the reverse pass reads
+        out = plain(prev, cur, thd, cs, xs, n)
         flat, tdef = jax.tree.flatten(tuple(tangents[:3]), is_leaf=_is_symbolic_zero)
         live = [i for i, t in enumerate(flat) if not _is_symbolic_zero(t)]
         out_leaves, out_def = jax.tree.flatten(out)
@@ -291,7 +349,7 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
 
         def transpose_solve(_, ct):
             ct_out = jax.tree.unflatten(out_def, [ct[s_] for s_ in slots])
-            back_ = jax.tree.leaves(reverse(prev, cur, thd, cs, xs, n, kept_buf, ct_out))
+            back_ = jax.tree.leaves(reverse(prev, cur, out, thd, cs, xs, n, ct_out))
             return [back_[i] for i in live] + [jnp.zeros_like(v) for v in extra]
 
         x = lax.custom_linear_solve(lambda v: v, b, solve, transpose_solve)

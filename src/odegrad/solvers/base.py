@@ -71,6 +71,15 @@ class AbstractSolver(abc.ABC):
         ``None`` (no limit; the default). The adaptive loop clips its proposed steps to it."""
         return None
 
+    def compact_state(self, state):
+        """What the adjoints checkpoint of a carried ``state``: the default keeps it all;
+        solvers that carry caches (an implicit solver's Jacobian) drop them here."""
+        return state
+
+    def expand_state(self, kept):
+        """The carried state to step from, given what :meth:`compact_state` kept."""
+        return kept
+
     @property
     def adaptive(self) -> bool:
         return self.embedded_order is not None

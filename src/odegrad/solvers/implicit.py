@@ -404,16 +404,46 @@ class _ESDIRK(_Implicit):
     #: ``f(t1, y1)`` only to the Newton tolerance, so checkpoints keep it with ``y``
     state_from_y = False
 
-    def __init__(self, linear_solver: str = "auto", **kwargs):
+    def __init__(self, linear_solver: str = "auto", *, jacobian_reuse_rate: float = 1e-3, **kwargs):
         super().__init__(linear_solver, **kwargs)
-        # f evaluations are data-dependent (Newton); count one per implicit stage
+        rate = jacobian_reuse_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
+            raise ValueError(
+                f"{type(self).__name__}(jacobian_reuse_rate={rate!r}): use a float in [0, 1): "
+                "the Newton contraction rate below which the dense Jacobian is kept for the "
+                "next step (1e-3 default; about 0.1 when Jacobians are costly; 0 computes one "
+                "every step)."
+            )
+        self.jacobian_reuse_rate = float(rate)
+        # a nominal count, one per implicit stage: step() reports the Newton iterations made
         self.step_evals = self.tableau.stages - 1
 
-    def init(self, f, t0, y0, args):
-        return f(t0, y0, args)
+    def _carries_jacobian(self, n: int) -> bool:
+        return self.jacobian_reuse_rate > 0 and _linear.resolve(self.linear_solver, n) == "dense"
 
-    def step(self, f, t0, dt, y0, args, k_first):
+    def init(self, f, t0, y0, args):
+        """``(k_1, reuse)``: the first stage ``f(t0, y0)`` and, for the dense linear solver with
+        Jacobian reuse, ``(J, keep)``: the last Jacobian and whether the next step may keep it
+        (a float flag; 0 here, so the first step computes one)."""
+        return self.expand_state((f(t0, y0, args), ()))
+
+    def compact_state(self, state):
+        """What the adjoints checkpoint: the carried stage alone. The Jacobian is a cache, and
+        an n x n one per checkpoint would cost far more memory than the state; a replayed
+        step recomputes it (Newton reaches the same root, to its tolerance)."""
+        return state[0], ()
+
+    def expand_state(self, kept):
+        k_first, _ = kept
+        x = ravel_pytree(k_first)[0]
+        if not self._carries_jacobian(x.size):
+            return k_first, ()
+        zero = jnp.zeros((), x.dtype)
+        return k_first, (jnp.zeros((x.size, x.size), x.dtype), zero)
+
+    def step(self, f, t0, dt, y0, args, state):
         tab = self.tableau
+        k_first, reuse = state
         x0, unravel, fx = _flat_rhs(f, y0, args)
         k0 = ravel_pytree(k_first)[0]
         kind = _linear.resolve(self.linear_solver, x0.size)
@@ -428,10 +458,21 @@ class _ESDIRK(_Implicit):
         precond = self._precond(t_ng, sg(y0), sg(args), c_ng, unravel)
         if kind == "dense":
             f_ng = lambda x: fx(t_ng, x, sg(args))
-            linsys = _linear.DenseNewton(sg(_linear.jacobian(f_ng, sg(x0))), c_ng)
+            fresh_jac = lambda: _linear.jacobian(f_ng, sg(x0))
+            if reuse:
+                # Hairer & Wanner's policy (Solving ODEs II, IV.8; radau5): the Jacobian is
+                # kept for the next step while Newton converged fast with it; the LU is redone
+                # (dt changes). A rejected step's retry starts from the same kept Jacobian
+                # (the loop keeps the state of the last accepted step).
+                jac_old, keep = sg(reuse)
+                jac = jax.lax.cond(keep > 0, lambda: jac_old, fresh_jac)
+            else:
+                jac = sg(fresh_jac())
+            lu = _linear.iteration_lu(jac, c_ng)
+            linsys = _linear.DenseNewton(lu)
         else:
             linsys = _linear.KrylovNewton(precond=precond, **self._newton_gmres_kw(scale, gmres_kw))
-        tangent = _linear.tangent_solver(kind, gmres_kw, precond)
+        tangent = _linear.tangent_solver(kind, gmres_kw, precond, lu if kind == "dense" else None)
 
         def solve_stage(psi, guess, ti):
             def residual(zz):
@@ -444,12 +485,13 @@ class _ESDIRK(_Implicit):
             # Small systems: the stages unrolled, with the tableau's coefficients as constants
             # (a loop's per-iteration overhead, and its tiny matrix products, would cost more
             # at run time than its smaller program saves at compile time).
-            ks, failed = [k0], jnp.asarray(False)
+            ks, failed, rate, evals = [k0], jnp.asarray(False), jnp.zeros((), x0.dtype), 0
             for i in range(1, s):
                 psi = x0 + _lincomb(tab.a[i - 1], ks, dt)
                 guess = psi + _lincomb(tab.predictor[i - 1], ks, c)
-                z, fail_i = solve_stage(psi, guess, t0 + tab.c[i] * dt)
-                failed = failed | fail_i
+                z, fail_i, rate_i, iters = solve_stage(psi, guess, t0 + tab.c[i] * dt)
+                failed, rate = failed | fail_i, jnp.maximum(rate, rate_i)
+                evals = evals + iters
                 ks.append((z - psi) / c)
         else:
             # Large (GMRES) systems: the stages in one loop, so that the Newton-Krylov solve is
@@ -464,13 +506,16 @@ class _ESDIRK(_Implicit):
             c_vec = jnp.asarray(tab.c, dtype)
 
             def stage(i, carry):
-                ks, _, failed = carry
+                ks, _, failed, evals = carry
                 psi = x0 + dt * (a_mat[i] @ ks)
-                z, fail_i = solve_stage(psi, psi + c * (p_mat[i] @ ks), t0 + c_vec[i] * dt)
-                return ks.at[i].set((z - psi) / c), z, failed | fail_i
+                z, fail_i, _, iters = solve_stage(
+                    psi, psi + c * (p_mat[i] @ ks), t0 + c_vec[i] * dt
+                )
+                return ks.at[i].set((z - psi) / c), z, failed | fail_i, evals + iters
 
             ks0 = jnp.zeros((s, x0.size), dtype).at[0].set(k0)
-            ks, z, failed = jax.lax.fori_loop(1, s, stage, (ks0, x0, jnp.asarray(False)))
+            init = (ks0, x0, jnp.asarray(False), jnp.zeros((), jnp.int32))
+            ks, z, failed, evals = jax.lax.fori_loop(1, s, stage, init)
             ks = [ks[i] for i in range(s)]
         err = _lincomb(tab.b_error, ks, dt)
         # a failed Newton solve: reject (adaptive) or report non-finite (fixed steps)
@@ -481,7 +526,10 @@ class _ESDIRK(_Implicit):
             dense = (y0, y1, k_first, k_last, dt)
         else:
             dense = (y0, dt, tuple(unravel(k) for k in ks))
-        return StepResult(y1, unravel(err), dense, k_last)
+        if reuse:
+            keep = (rate <= self.jacobian_reuse_rate) & ~failed
+            reuse = (jac, keep.astype(x0.dtype))
+        return StepResult(y1, unravel(err), dense, (k_last, reuse), evals)
 
     def interpolate(self, dense, theta):
         return stage_interpolant(self.tableau.dense, dense, theta)
@@ -502,6 +550,9 @@ class ImplicitEuler(_ESDIRK):
             (``NEWTON_KAPPA``; relative at least ``1e3`` machine epsilons), else ``1e-10`` and
             ``1e-12`` in float64, ``1.2e-4`` and ``1.2e-6`` in float32.
         max_newton_iters: iterations before a stage counts as failed (the step is rejected).
+        jacobian_reuse_rate: dense linear solver: keep the Jacobian for the next step while
+            every Newton contraction rate stays at most this (default ``1e-3``, Hairer's
+            ``thet``; ``0.1`` when Jacobians are costly; ``0`` builds one every step).
         gmres_tol, gmres_restart, gmres_maxiter: relative tolerance (default ``1e-8``, float32
             ``1.2e-6``), Krylov subspace size and the number of restarts.
 

@@ -159,7 +159,7 @@ class Rodas5(_Implicit):
     stiff-aware dense output of order 4. Usually the fastest choice for small and medium stiff
     systems at tight tolerances. Needs the exact Jacobian (``jax.jacfwd`` or exact JVPs), and
     gradients through it use second derivatives of ``f``. Arguments as :class:`ImplicitEuler`
-    (the Newton settings do not apply).
+    (the Newton settings and ``jacobian_reuse_rate`` do not apply: it needs the exact Jacobian).
 
     Example:
         >>> sol = og.solve(f, y0, (0.0, 100.0), args, solver=og.Rodas5(),

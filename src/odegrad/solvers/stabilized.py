@@ -9,8 +9,9 @@ forward Euler.
 
 ``rho`` comes from a user's ``spectral_radius(t, y, args)`` or from a warm-started power iteration
 on Jacobian-vector products ``jax.jvp(lambda y: f(t, y, args), (y,), (v,))`` carried in the
-solver state (hence ``state_from_y = False``), times a safety factor. The stage count is a
-discrete choice made under ``lax.stop_gradient``: no derivative flows through ``rho``.
+solver state (then ``state_from_y`` is false: the vector cannot be recomputed from ``y``), times a
+safety factor. The stage count is a discrete choice made under ``lax.stop_gradient``: no
+derivative flows through ``rho``.
 
 Differentiability. The stage count varies per step at run time, so the stages of a step run in
 a ``lax.fori_loop`` over the stages really taken (:func:`two_step_recurrence`; ROCK2's finishing
@@ -93,7 +94,15 @@ def power_iteration(f, t, y, args, v, iters: int):
 class _Stabilized(AbstractSolver):
     """Shared machinery: spectral radius, stage choice, state, dense output, eval count."""
 
-    state_from_y = False
+    @property
+    def state_from_y(self) -> bool:
+        """With a ``spectral_radius`` the carried state ``(f(t, y), rho(t, y, args), None)`` is
+        what :meth:`init` computes at any accepted step, so the Discrete adjoint's checkpoints
+        keep ``y`` alone (half the memory) and recompute ``f(t, y)`` in place of the step's
+        closing ``f(t1, y1)`` (no more evaluations); the power iteration's warm-started
+        vector is not recomputable."""
+        return self.spectral_radius is not None
+
     #: length of the stability interval ~ beta * s**2 (for documentation and tests)
     beta: float
 
@@ -185,14 +194,16 @@ class _Stabilized(AbstractSolver):
         y1, err_of, n_evals = self._advance(f, t0, dt, y0, args, f0, h_rho)
         # a step beyond the stability limit (a too-long fixed step) fails instead of silently
         # going unstable: NaN makes the loops report Result.nonfinite (adaptive ones reject it)
+        # (only on the step's outputs: f(t1, y1) reads y1 itself, because a select fused into
+        # the stencil that reads it made XLA:CPU's kernel ~10x slower than the plain stencil)
         unstable = h_rho > self.stability_limit * (1.0 + 1e-5)
-        y1 = jax.tree.map(
-            lambda x: jnp.where(unstable, jnp.nan, x) if is_inexact_array(x) else x, y1
-        )
         t1 = t0 + dt
         f1 = f(t1, y1, args)
         error = err_of(f1)
         rho1, v1 = self._rho(f, t1, y1, args, v, self.power_iters)
+        y1 = jax.tree.map(
+            lambda x: jnp.where(unstable, jnp.nan, x) if is_inexact_array(x) else x, y1
+        )
         extra = 1 + (0 if self.spectral_radius is not None else self.power_iters)
         evals = (n_evals + extra).astype(jnp.int32)
         return StepResult(y1, error, (y0, y1, f0, f1, dt), (f1, rho1, v1), evals)
