@@ -85,7 +85,7 @@ class Problem:
         replay steps: ``state`` and the result's state are what they checkpoint
         (``solver.compact_state``)."""
         s, solver = self.direction, self.solver
-        res = solver.step(self.f, s * tau, s * h, y, args, solver.expand_state(state))
+        res = solver.step(self.f, s * tau, s * h, y, args, state)
         return res._replace(state=solver.compact_state(res.state))
 
     def init_state(self, y, args, tau=None):

@@ -73,12 +73,9 @@ class AbstractSolver(abc.ABC):
 
     def compact_state(self, state):
         """What the adjoints checkpoint of a carried ``state``: the default keeps it all;
-        solvers that carry caches (an implicit solver's Jacobian) drop them here."""
+        solvers that carry caches (an implicit solver's Jacobian) drop them here. :meth:`step`
+        must accept the compact state and return a compact one (adjoints replay from it)."""
         return state
-
-    def expand_state(self, kept):
-        """The carried state to step from, given what :meth:`compact_state` kept."""
-        return kept
 
     @property
     def adaptive(self) -> bool:

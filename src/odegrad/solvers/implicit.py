@@ -424,22 +424,20 @@ class _ESDIRK(_Implicit):
     def init(self, f, t0, y0, args):
         """``(k_1, reuse)``: the first stage ``f(t0, y0)`` and, for the dense linear solver with
         Jacobian reuse, ``(J, keep)``: the last Jacobian and whether the next step may keep it
-        (a float flag; 0 here, so the first step computes one)."""
-        return self.expand_state((f(t0, y0, args), ()))
+        (a float flag; 0 here, so the first step computes one). ``reuse = ()`` (GMRES, no
+        reuse, or an adjoint's replay: :meth:`compact_state`) builds a Jacobian every step."""
+        k_first = f(t0, y0, args)
+        x = ravel_pytree(y0)[0]
+        if not self._carries_jacobian(x.size):
+            return k_first, ()
+        return k_first, (jnp.zeros((x.size, x.size), x.dtype), jnp.zeros((), x.dtype))
 
     def compact_state(self, state):
         """What the adjoints checkpoint: the carried stage alone. The Jacobian is a cache, and
         an n x n one per checkpoint would cost far more memory than the state; a replayed
-        step recomputes it (Newton reaches the same root, to its tolerance)."""
+        step from ``(k_1, ())`` builds its own (Newton reaches the same root, to its
+        tolerance)."""
         return state[0], ()
-
-    def expand_state(self, kept):
-        k_first, _ = kept
-        x = ravel_pytree(k_first)[0]
-        if not self._carries_jacobian(x.size):
-            return k_first, ()
-        zero = jnp.zeros((), x.dtype)
-        return k_first, (jnp.zeros((x.size, x.size), x.dtype), zero)
 
     def step(self, f, t0, dt, y0, args, state):
         tab = self.tableau
