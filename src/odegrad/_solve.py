@@ -15,7 +15,7 @@ from ._saveat import SaveAt
 from ._scaleout import explicit_mesh, on_auto_axes
 from ._solution import Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _is_concrete
-from ._tree import partition_args
+from ._tree import partition_args, split_arrays
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
 from .solvers.base import AbstractSolver
@@ -103,14 +103,15 @@ def solve(
         ys = jax.tree.map(lambda *rows: jnp.concatenate(rows), *ys_rows)
     else:
         ts, ys = None, None
+    outputs = (ts, ys, out.stats, out.result, out.dense)
     if throw:
 
         def locate():
             tau, step_ = locate_failure(out, problem.grid, problem.plan.ts)
             return s * tau, step_
 
-        check_result(out.result, locate)
-    return Solution(ts, ys, out.stats, out.result, out.dense, problem.solver, s)
+        outputs = check_result(outputs, out.result, locate)
+    return Solution(*outputs, problem.solver, s)
 
 
 def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps):
@@ -125,16 +126,20 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
     t0, t1 = _check_t_span(t_span, tdtype)
     s = _direction(t0, t1)
     tau0, tau1 = s * t0, s * t1
-    _check_rhs(f, solver, t0, y0, args)
+    # Only the array leaves of args are traced; the rest (an equinox module's activation
+    # function, strings, Python numbers) are put back around them inside f and fn.
+    arrays, user_args, arrays_of = split_arrays(args)
+    f = _with_user_args(f, user_args, solver.partitioned)
+    _check_rhs(f, solver, t0, y0, arrays)
 
     grid, control = _grid(step, solver, t0, t1, s, tdtype, max_steps)
     ts_tau = None if saveat.ts is None else _check_save_ts(saveat.ts, t0, t1, s, tdtype)
 
     # Move arrays that f and fn close over into args, so that every adjoint sees them.
-    f_args, f_consts = _closure_convert_rhs(f, solver, t0, y0, args)
+    f_args, f_consts = _closure_convert_rhs(f, solver, t0, y0, arrays)
     fn = saveat.fn if saveat.fn is not None else (lambda t, y, a: y)
-    fn_conv, fn_consts = jax.closure_convert(fn, t0, y0, args)
-    args_ext = (args, f_consts, fn_consts)
+    fn_conv, fn_consts = jax.closure_convert(_with_user_args(fn, user_args), t0, y0, arrays)
+    args_ext = (arrays, f_consts, fn_consts)
 
     def fn_tau(tau, y, a):
         return fn_conv(s * tau, y, a[0], *a[2])
@@ -151,7 +156,7 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
         # implicit solvers stop their Newton iterations relative to the controller's tolerances
         solver = solver.with_tolerances(step.rtol, step.atol)
     problem = Problem(
-        solver=solver.with_user_args(lambda a: a[0]),
+        solver=solver.with_user_args(lambda a: user_args(a[0])),
         f=f_args,
         direction=s,
         y0=y0,
@@ -164,6 +169,8 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
         control=control,
         plan=plan,
         max_steps=max_steps,
+        user_args=lambda a: user_args(a[0]),
+        user_arrays=arrays_of,
     )
     return problem, (saveat, s, t0, ts_tau, fn_tau, args_ext, y0)
 
@@ -385,6 +392,13 @@ def _check_save_ts(ts, t0, t1, s, tdtype):
                     f"{float(t1)}); save times must be inside the span."
                 )
     return s * ts
+
+
+def _with_user_args(f, user_args, partitioned=False):
+    """``f(t, y, args)`` called with the array leaves of ``args`` only."""
+    if partitioned:
+        return tuple(_with_user_args(g, user_args) for g in f)
+    return lambda t, y, arrays: f(t, y, user_args(arrays))
 
 
 def _closure_convert_rhs(f, solver, t0, y0, args):

@@ -92,6 +92,37 @@ def is_inexact_array(x) -> bool:
     )
 
 
+def is_array(x) -> bool:
+    """A JAX or NumPy array (or NumPy scalar) of any dtype: a leaf that can be traced."""
+    return isinstance(x, jax.Array | np.ndarray | np.generic)
+
+
+def split_arrays(tree: PyTree):
+    """The array leaves of ``tree`` as a list, and ``rebuild(arrays)`` that puts them back
+    beside the other leaves (functions, strings, Python numbers, equinox static fields), which
+    never enter a traced computation.
+
+    ``arrays_of(like)`` picks the array positions out of a pytree of ``tree``'s structure (a
+    cotangent of it, say), with ``None`` read as zeros.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    mask = [is_array(x) for x in leaves]
+
+    def rebuild(arrays):
+        it = iter(arrays)
+        return jax.tree.unflatten(treedef, [next(it) if m else x for x, m in zip(leaves, mask)])
+
+    def arrays_of(like):
+        flat = treedef.flatten_up_to(like)
+        return [
+            jnp.zeros(jnp.shape(x), jnp.result_type(x)) if y is None else y
+            for x, y, m in zip(leaves, flat, mask, strict=True)
+            if m
+        ]
+
+    return [x for x, m in zip(leaves, mask, strict=True) if m], rebuild, arrays_of
+
+
 def partition_args(args: PyTree):
     """Split ``args`` into differentiable (inexact array) leaves and everything else.
 

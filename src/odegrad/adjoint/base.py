@@ -39,6 +39,10 @@ class Problem:
     plan: SavePlan
     max_steps: int
     progress: Any = None  # a pair of progress bars (forward, backward), or None
+    #: ``user_args(args)``: the user's own ``args`` (non-array leaves included) from ours
+    user_args: Any = None
+    #: ``user_arrays(like)``: the array leaves of a pytree shaped like the user's ``args``
+    user_arrays: Any = None
 
     @property
     def static_steps(self) -> int | None:

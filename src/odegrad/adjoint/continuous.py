@@ -143,11 +143,10 @@ class _Continuous(AbstractAdjoint):
         user_vjp = self.vjp
 
         def vjp(t, y, args_diff, ct):
-            user_args = problem.with_args(args_diff)[0]
-            ct_y, ct_user = user_vjp(t, y, user_args, ct)
+            ct_y, ct_user = user_vjp(t, y, problem.user_args(problem.with_args(args_diff)), ct)
             # place the cotangent of the user's args on our differentiable leaves
             _, pull = jax.vjp(lambda a_: problem.with_args(a_)[0], args_diff)
-            (ct_args,) = pull(ct_user)
+            (ct_args,) = pull(problem.user_arrays(ct_user))
             return ct_y, ct_args
 
         return f, vjp
