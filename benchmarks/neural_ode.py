@@ -33,8 +33,9 @@ Contestants, timed interleaved within each (variant, B) group:
 * diffrax ``diffeqsolve(ODETerm(func), Tsit5(), 0, 10, dt0=None, y0, args=model,
   saveat=SaveAt(ts=ts), stepsize_controller=PIDController(rtol, atol))`` with its default
   ``RecursiveCheckpointAdjoint()``, and with ``BacksolveAdjoint()``;
-* torchdiffeq ``dopri5`` when it is importable (it has no Tsit5). It solves the batch as one
-  ``(B, 2)`` state, with backprop through the solver.
+* torchdiffeq ``dopri5`` when it is importable (it has no Tsit5), not with ``--quick``. It
+  solves the batch as one ``(B, 2)`` state, with backprop through the solver (untested: torch
+  was not installed where this script was written).
 
 Variants (``--variants``):
 
@@ -59,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import sys
 import time
 
 import jax
@@ -315,7 +317,8 @@ def torch_contestant(s):
     torchdiffeq solves the batch as one ``(B, 2)`` state (its usual way), with ``dopri5``
     and backprop through the solver.
     """
-    if s.args.no_torch or s.stacked or importlib.util.find_spec("torchdiffeq") is None:
+    a = s.args
+    if a.quick or a.no_torch or s.stacked or importlib.util.find_spec("torchdiffeq") is None:
         return None
     import torch
     from torchdiffeq import odeint
@@ -345,7 +348,6 @@ def torch_contestant(s):
     y0s = torch.tensor(np.asarray(s.y0s), dtype=tdtype)
     ts = torch.tensor(np.asarray(s.ts), dtype=tdtype)
     target = torch.tensor(np.asarray(s.target).transpose(1, 0, 2), dtype=tdtype)  # (100, B, 2)
-    a = s.args
 
     def forward():
         with torch.no_grad():
@@ -385,10 +387,14 @@ class Group:
         if stacked:
             self.target = jnp.swapaxes(self.target, 0, 1)  # (100, B, 2): the solve's layout
         n_params = sum(x.size for x in jax.tree_util.tree_leaves(self.params))
-        self.problem = (
-            f"neural ODE MLP 2-{width}-{width}-2 ({n_params} params), "
-            + (f"batch as one ({batch}, 2) state" if stacked else f"vmap B={batch}")
+        self.problem = f"neural ODE MLP 2-{width}-{width}-2 ({n_params} params), " + (
+            f"batch as one ({batch}, 2) state" if stacked else f"vmap B={batch}"
         )
+
+
+def log(msg: str) -> None:
+    """Progress on stderr (the table goes to stdout at the end)."""
+    print(msg, file=sys.stderr, flush=True)
 
 
 def flat(tree) -> np.ndarray:
@@ -440,9 +446,11 @@ def run_group(g: Group, rows: list, json_rows: list, errors: list) -> None:
 
             return step
 
+        log(f"[{g.label}] compiling {name}")
         try:
             fwd[name] = compile_timed(make_fwd, inputs_f, a.compile_reps)
             grad[name] = compile_timed(make_grad, inputs_g, a.compile_reps)
+            log(f"[{g.label}]   train step compiled in {grad[name].total_s:.1f} s")
         except Exception as e:  # report it in the table and go on
             status[name] = f"error: {first_line(e)}"
             errors.append((g.problem, name, e))
@@ -492,6 +500,7 @@ def run_group(g: Group, rows: list, json_rows: list, errors: list) -> None:
             errors.append((g.problem, name, e))
 
     # 3. the timing, interleaved within the group
+    log(f"[{g.label}] timing {len(calls)} calls, interleaved")
     timing = interleaved_medians(calls, a.rounds, a.number, budget_s=a.budget)
     stat = (lambda t: t.median) if a.stat == "median" else (lambda t: t.best)
     ref = next((n for n in results if n.startswith("diffrax Recursive")), None)
@@ -526,9 +535,7 @@ def run_group(g: Group, rows: list, json_rows: list, errors: list) -> None:
             ]
         )
         json_rows.append(
-            result_row(
-                g.problem, name, library[name], tf, tg, fwd.get(name), grad.get(name)
-            )
+            result_row(g.problem, name, library[name], tf, tg, fwd.get(name), grad.get(name))
         )
 
 
@@ -537,9 +544,10 @@ def main(argv=None):
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     t_start = time.perf_counter()
+    if importlib.util.find_spec("equinox") is None:  # a clean skip inside `odegrad bench`
+        print("benchmarks/neural_ode.py: skipped, it needs equinox (pip install equinox)")
+        return
     warm_up_jax()
-    if importlib.util.find_spec("equinox") is None:
-        raise SystemExit("this benchmark needs equinox (pip install equinox)")
     import odegrad as og
 
     groups = []
@@ -564,16 +572,18 @@ def main(argv=None):
     for g in groups:
         run_group(g, rows, json_rows, errors)
 
+    with_diffrax = not args.no_diffrax and importlib.util.find_spec("diffrax") is not None
+    r = "/ dfx" if with_diffrax else "/ Auto"
     headers = [
         "group: method",
         f"forward {args.stat} (min)",
-        "/ dfx",
+        r,
         f"train step {args.stat} (min)",
-        "/ dfx",
+        r,
         "compile step s (lower)",
-        "/ dfx",
+        r,
         "temp (step)",
-        "/ dfx",
+        r,
         "steps (member 0)",
         "loss",
         "rel Δ grad",
@@ -584,12 +594,16 @@ def main(argv=None):
         f"MLP 2->2 depth {DEPTH} softplus/tanh as args, {N_SAVES} saves on [{T0:g}, {T1:g}], "
         f"Tsit5 rtol={args.rtol:g} atol={args.atol:g}, {args.dtype}, MSE loss; "
         f"{args.rounds} interleaved rounds x {args.number} calls, time per call; ratios "
-        f"(/ dfx) use the {args.stat} and are to diffrax's default within each group; compile = "
+        f"({r}) use the {args.stat} and are to "
+        f"{'diffrax' if with_diffrax else 'odegrad Auto()'}'s within each group; compile = "
         f"cold trace+lower + XLA compile of the train step (of which trace+lower), median of "
         f"{args.compile_reps}; temp = its memory_analysis().temp_size_in_bytes\n"
     )
     print(markdown_table(headers, rows))
-    print("\nrel Δ grad: against diffrax's default (2-norm over all MLP parameters).")
+    print(
+        f"\nrel Δ grad: against {'diffrax' if with_diffrax else 'odegrad Auto()'}'s gradient "
+        "(2-norm over all MLP parameters)."
+    )
     g0 = groups[0]
     kwargs = {
         "solver": og.Tsit5(),

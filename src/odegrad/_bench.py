@@ -11,7 +11,13 @@ import textwrap
 import time
 from pathlib import Path
 
-KNOWN_BENCHMARKS = ("wave_scan_parity.py", "lotka_volterra.py", "diffusion3d.py", "stiff.py")
+KNOWN_BENCHMARKS = (
+    "wave_scan_parity.py",
+    "lotka_volterra.py",
+    "diffusion3d.py",
+    "stiff.py",
+    "neural_ode.py",
+)
 
 
 def _is_odegrad_checkout(root: Path) -> bool:

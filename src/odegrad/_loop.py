@@ -21,9 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ._batching import any_member
 from ._progress import chunked_scan
 from ._solution import Result
 from ._tree import tree_all_finite, tree_bytes, tree_where
+from ._tuning import tuning
 
 PyTree = Any
 
@@ -40,6 +42,9 @@ class SavePlan:
     #: optional ``accumulate(t, dt, dense, args) -> pytree`` summed over accepted steps (while
     #: loop only; real time, signed ``dt``); the quadrature adjoint integrates with it.
     accumulate: Any = None
+    #: False when ``fn`` ignores ``args`` (the default, the state itself): reverse passes then
+    #: skip the saves' parameter cotangent (under vmap, one per member and per save)
+    fn_reads_args: bool = True
     #: how many copies of each saved row a batching transform around the loop will carry (the
     #: forward-sensitivity adjoint's tangent directions); sizes the save buffer's chunks.
     lanes: int = 1
@@ -69,26 +74,18 @@ def _set_row(buf, i, row):
     return jax.tree.map(lambda b, r: b.at[i].set(r, mode="drop"), buf, row)
 
 
-#: XLA:CPU runs a loop body's kernels back to back only while every buffer they touch is at most
-#: this many bytes (its ThunkExecutor's ``execute_sequential_buffer_threshold``); otherwise it
-#: schedules them as a task graph, which costs about 1 us per step of a small problem (measured:
-#: Lotka–Volterra forward sensitivities with 20 saves, 205 -> 95 us per solve).
-SMALL_BUFFER_BYTES = 512
-#: at most this many chunks (one switch branch each) for one save buffer.
-MAX_CHUNKS = 32
-
-
 def rows_per_chunk(row, n: int, lanes: int = 1) -> int:
     """Rows per chunk of an ``n``-row save buffer of ``row``s, so that each chunk stays under
-    :data:`SMALL_BUFFER_BYTES` even with ``lanes`` batched copies; ``n`` means one chunk."""
+    ``tuning().small_buffer_bytes`` even with ``lanes`` batched copies; ``n`` means one chunk."""
+    small, max_chunks = tuning().small_buffer_bytes, tuning().max_chunks
     leaf_bytes = [
         lanes * int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(row)
     ]
     widest = max(leaf_bytes, default=0)
-    if n * widest <= SMALL_BUFFER_BYTES or widest > SMALL_BUFFER_BYTES // 2:
+    if n * widest <= small or widest > small // 2:
         return max(n, 1)  # already small, or rows too wide for chunks to help
-    rows = SMALL_BUFFER_BYTES // widest
-    return rows if -(-n // rows) <= MAX_CHUNKS else max(n, 1)
+    rows = small // widest
+    return rows if -(-n // rows) <= max_chunks else max(n, 1)
 
 
 def chunked_fill(row, n: int, rows: int, value=jnp.inf) -> tuple:
@@ -125,10 +122,18 @@ def chunked_join(chunks: tuple):
     return jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *chunks)
 
 
-#: A static grid's saves are read after the loop from each step's stacked starting state (one
-#: re-taken step per save) when that stack is at most this many bytes: the loop body then stays
-#: one fused kernel. Measured on Lotka–Volterra, RK4, 1000 steps, 20 saves: 3.7 ms -> 60 us.
-STACKED_SAVE_BYTES = 1 << 22
+def _count_at_or_before(ts, t):
+    """How many of the sorted save times ``ts`` are ``<= t``."""
+    # one vectorised comparison, not a binary-search loop, for the usual few save times
+    method = "compare_all" if ts.shape[0] <= 1024 else "scan"
+    return jnp.searchsorted(ts, t, side="right", method=method)
+
+
+def saves_in_step(ts, k, t_start, t_end):
+    """Indices ``[j0, j1)`` of the save times in step ``k``, which spans ``(t_start, t_end]``
+    (step 0 also holds ``t_start`` itself): the one rule every loop and reverse pass uses."""
+    j0 = jnp.where(k == 0, 0, _count_at_or_before(ts, t_start))
+    return j0, _count_at_or_before(ts, t_end)
 
 
 def save_slots(grid, ts, n_steps: int):
@@ -162,14 +167,18 @@ def save_in_step(plan: SavePlan, solver, args, t0, dt, dense, buf, j, j_end, row
     ts = plan.ts
 
     def cond(c):
-        return c[0] < j_end
+        return any_member(c[0] < j_end)
 
     def body(c):
         i, b = c
-        theta = (ts[i] - t0) / dt
-        val = plan.fn(ts[i], solver.interpolate(dense, theta), args)
-        # i is in range here: a dynamic-update-slice, much cheaper than a scatter on CPU
-        return i + 1, chunked_write(b, i, val, rows)
+        # under vmap the loop runs for the member with the most saves here; the others write
+        # their old row back and stay put
+        valid = i < j_end
+        k = jnp.minimum(i, ts.shape[0] - 1)
+        theta = (ts[k] - t0) / dt
+        val = plan.fn(ts[k], solver.interpolate(dense, theta), args)
+        # k is in range: a dynamic-update-slice, much cheaper than a scatter on CPU
+        return i + valid, chunked_write(b, k, val, rows, valid=valid)
 
     return lax.while_loop(cond, body, (j, buf))
 
@@ -184,7 +193,7 @@ def scan_loop(solver, f, args, grid, y0, plan: SavePlan, s=1.0, progress=None) -
     if plan.ts is not None:
         n_ts = plan.ts.shape[0]
         row_bytes = tree_bytes(jax.eval_shape(lambda: (y0, st0)))
-        stacked = n_steps * row_bytes * plan.lanes <= STACKED_SAVE_BYTES
+        stacked = n_steps * row_bytes * plan.lanes <= tuning().stacked_save_bytes
         if not stacked:
             xs["start"], xs["count"] = save_slots(grid, plan.ts, n_steps)
             row = jax.eval_shape(plan.fn, grid[0], y0, args)
@@ -383,11 +392,18 @@ def while_loop(
     if progress is not None:
         c["reported"] = jnp.asarray(-1, jnp.int32)
 
-    def cond(c):
+    def running(c):
         return (c["t"] < tau1) & (c["result"] == Result.success) & (c["n"] < max_steps)
+
+    # Under vmap the loop runs while any member runs (an unbatched predicate), and a finished
+    # member's body changes nothing: a batched predicate would make JAX select between the old
+    # and the new carry, every buffer of max_steps rows included, on every step.
+    def cond(c):
+        return any_member(running(c))
 
     def body(c):
         t, y, st = c["t"], c["y"], c["st"]
+        active = running(c)
         remaining = tau1 - t
         if adaptive:
             cap = solver.max_step(st)  # a solver's stable step limit (stabilized.py), or None
@@ -401,23 +417,20 @@ def while_loop(
             # step sizes are constants of the discretisation: no derivative flows through them
             ratio = lax.stop_gradient(control.error_ratio(res.error, y, res.y1))
             ratio = jnp.where(finite & jnp.isfinite(ratio), ratio, jnp.inf)
-            accept = ratio <= 1
+            accept = (ratio <= 1) & active
             factor = control.next_factor(ratio, c["ratio_prev"], solver.embedded_order)
             h_next = h * jnp.where(accept, factor, jnp.minimum(factor, 1.0))
-            h_next = jnp.where(accept & last, c["h"], h_next)
+            h_next = jnp.where((accept & last) | ~active, c["h"], h_next)
             ratio_prev = jnp.where(accept, ratio, c["ratio_prev"])
         else:
-            accept = finite
+            accept = finite & active
             h_next, ratio_prev = c["h"], c["ratio_prev"]
         t_new = jnp.where(last, tau1, t + h)
         acc = c["acc"]
         drop = jnp.where(accept, acc, max_steps)  # row index, out of range when rejected
         new = dict(c)
         if plan.ts is not None:
-            # one vectorised comparison, not a binary-search loop, for the usual few save times
-            method = "compare_all" if plan.ts.shape[0] <= 1024 else "scan"
-            j_end = jnp.searchsorted(plan.ts, t_new, side="right", method=method)
-            j_end = jnp.where(accept, j_end, c["j"])
+            j_end = jnp.where(accept, _count_at_or_before(plan.ts, t_new), c["j"])
             new["j"], new["ts_buf"] = save_in_step(
                 plan, solver, args, t, h, res.dense, c["ts_buf"], c["j"], j_end, ts_rows
             )
@@ -445,14 +458,15 @@ def while_loop(
         new["st"] = tree_where(accept, res.state, st)
         new["h"] = h_next
         new["ratio_prev"] = ratio_prev
-        new["n"] = c["n"] + 1
+        new["n"] = c["n"] + active
         new["acc"] = acc + accept.astype(acc.dtype)
-        new["evals"] = c["evals"] + (solver.step_evals if res.evals is None else res.evals)
+        evals = solver.step_evals if res.evals is None else res.evals
+        new["evals"] = c["evals"] + jnp.where(active, evals, 0)
         if adaptive:
-            underflow = (~accept) & (h_next < floor)
+            underflow = active & (~accept) & (h_next < floor)
             failure = jnp.where(finite, Result.step_size_underflow, Result.nonfinite)
         else:
-            underflow = ~accept
+            underflow = active & ~accept
             failure = jnp.asarray(Result.nonfinite)
         new["result"] = jnp.where(underflow, failure, c["result"]).astype(jnp.int32)
         if progress is not None:

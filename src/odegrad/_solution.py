@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._batching import any_member
+
 
 class Result(enum.IntEnum):
     """Why a solve stopped. ``sol.result`` holds one of these as an integer array."""
@@ -121,19 +123,6 @@ def _raise_first_failure(code, t, step, batch_shape=()):
     )
 
 
-@jax.custom_batching.custom_vmap
-def any_member(pred):
-    """``pred`` reduced with ``any`` over every batch axis that ``jax.vmap`` added: a ``lax.cond``
-    on it stays a branch under vmap instead of becoming a select that runs both branches."""
-    return pred
-
-
-@any_member.def_vmap
-def _any_member_vmap(axis_size, in_batched, pred):
-    del axis_size
-    return any_member(jnp.any(pred, axis=0) if in_batched[0] else pred), False
-
-
 @jax.custom_jvp
 def _thread_check(outputs, failed, code, t, step):
     """``outputs`` unchanged; when ``failed`` (unbatched), a host callback raises first.
@@ -156,25 +145,18 @@ def _thread_check(outputs, failed, code, t, step):
 
 @_thread_check.defjvp
 def _thread_check_jvp(primals, tangents):
-    return _thread_check(*primals), tangents[0]
+    # Under jax.grad the primal outputs are dead code, and the check with them. The tangents
+    # are scaled by a 1 that comes out of the same check: the reverse pass needs it, so the
+    # forward pass runs the check (one multiply per output entry).
+    outputs, *rest = primals
+    one = _thread_check(jnp.ones((), jnp.float32), *rest)
 
+    def scale(dx):
+        if dx.dtype == jax.dtypes.float0:
+            return dx
+        return dx * one.astype(dx.dtype)
 
-@jax.custom_vjp
-def _check_on_reverse(x, failed, code, t, step):
-    """``x`` unchanged; its reverse pass raises when ``failed``. Under ``jax.grad`` the primal
-    outputs are dead code, so the forward check alone would be eliminated with them."""
-    return x
-
-
-def _check_on_reverse_fwd(x, failed, code, t, step):
-    return x, (failed, code, t, step)
-
-
-def _check_on_reverse_bwd(res, ct):
-    return (_thread_check(ct, *res), None, None, None, None)
-
-
-_check_on_reverse.defvjp(_check_on_reverse_fwd, _check_on_reverse_bwd)
+    return _thread_check(*primals), jax.tree.map(scale, tangents[0])
 
 
 def check_result(outputs, result, locate):
@@ -196,15 +178,4 @@ def check_result(outputs, result, locate):
     shapes = jax.eval_shape(located)
     placeholders = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     t, step = jax.lax.cond(failed, located, placeholders)
-    outputs = _thread_check(outputs, failed, result, t, step)
-    leaves, treedef = jax.tree.flatten(outputs)
-    inexact = [i for i, x in enumerate(leaves) if jnp.issubdtype(x.dtype, jnp.inexact)]
-    try:
-        checked = _check_on_reverse([leaves[i] for i in inexact], failed, result, t, step)
-    except TypeError as e:  # forward-mode autodiff, which a custom VJP refuses: no reverse pass
-        if "forward-mode" not in str(e):
-            raise
-        return outputs
-    for i, x in zip(inexact, checked, strict=True):
-        leaves[i] = x
-    return jax.tree.unflatten(treedef, leaves)
+    return _thread_check(outputs, failed, result, t, step)

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._batching import vmap_batch_size
 from ._loop import RuntimeGrid, SavePlan, locate_failure, static_slot_count
 from ._saveat import SaveAt
 from ._scaleout import explicit_mesh, on_auto_axes
@@ -145,13 +146,22 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
         return fn_conv(s * tau, y, a[0], *a[2])
 
     args_diff, args_static, combine = partition_args(args_ext)
+    batch = vmap_batch_size((y0, arrays, t_span, saveat.ts))
     slots = 1
     if ts_tau is not None and grid is not None:
         slots = static_slot_count(grid, ts_tau) or ts_tau.shape[0]
     # concrete times were kept as numpy for the checks above; from here on they are arrays
     to_jnp = lambda x: None if x is None else jnp.asarray(x, tdtype)
     grid, ts_tau, t0, tau0, tau1 = map(to_jnp, (grid, ts_tau, t0, tau0, tau1))
-    plan = SavePlan(fn=fn_tau, ts=ts_tau, steps=saveat.steps, dense=saveat.dense, slots=slots)
+    plan = SavePlan(
+        fn=fn_tau,
+        ts=ts_tau,
+        steps=saveat.steps,
+        dense=saveat.dense,
+        slots=slots,
+        fn_reads_args=saveat.fn is not None,
+        lanes=batch,
+    )
     if isinstance(step, Adaptive) and hasattr(solver, "with_tolerances"):
         # implicit solvers stop their Newton iterations relative to the controller's tolerances
         solver = solver.with_tolerances(step.rtol, step.atol)
@@ -169,6 +179,7 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
         control=control,
         plan=plan,
         max_steps=max_steps,
+        batch=batch,
         user_args=lambda a: user_args(a[0]),
         user_arrays=arrays_of,
     )

@@ -110,7 +110,9 @@ def split_arrays(tree: PyTree):
 
     def rebuild(arrays):
         it = iter(arrays)
-        return jax.tree.unflatten(treedef, [next(it) if m else x for x, m in zip(leaves, mask)])
+        return jax.tree.unflatten(
+            treedef, [next(it) if m else x for x, m in zip(leaves, mask, strict=True)]
+        )
 
     def arrays_of(like):
         flat = treedef.flatten_up_to(like)

@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         "names",
         nargs="*",
         help="only these scripts (e.g. lotka_volterra; default: wave_scan_parity, "
-        "lotka_volterra, diffusion3d)",
+        "lotka_volterra, diffusion3d, stiff, neural_ode)",
     )
     return parser
 

@@ -7,12 +7,10 @@ from dataclasses import dataclass
 import jax
 
 from .._loop import LoopOutput
+from .._tuning import tuning
 from .base import AbstractAdjoint, Problem
-from .discrete import ADAPTIVE_ALL_BYTES, DEFAULT_MEMORY_BUDGET, Discrete
+from .discrete import Discrete
 from .forward import Forward
-
-#: Forward sensitivities win while the inputs (states + parameters) are at most this many.
-FORWARD_MAX_INPUTS = 32
 
 
 @dataclass(frozen=True)
@@ -24,10 +22,10 @@ class Auto(AbstractAdjoint):
     1. A step grid known at trace time (``Fixed``/``StepTo``): :class:`Discrete` — JAX's own
        reverse pass over one ``lax.scan`` when every step fits in ``memory_budget``, else binomial
        checkpointing. Exact, and the fastest reverse pass there is.
-    2. Adaptive steps with at most ``FORWARD_MAX_INPUTS`` inputs (states + differentiable
-       parameters; when solving, only traced ones count: a concrete ``y0`` carries no
-       derivative): :class:`Forward` — the sensitivities ride along the one forward solve and no
-       backward solve is needed.
+    2. Adaptive steps with at most ``forward_max_inputs`` inputs (default 32, from the tuning
+       table; states + differentiable parameters; when solving, only traced ones count: a
+       concrete ``y0`` carries no derivative): :class:`Forward` — the sensitivities ride along
+       the one forward solve and no backward solve is needed.
     3. Otherwise :class:`Discrete` (exact gradient of the adaptive solve, memory bounded by the
        budget through binomial checkpointing).
 
@@ -46,8 +44,8 @@ class Auto(AbstractAdjoint):
         >>> og.solve(f, y0, (0.0, 1.0), args, adjoint=og.Auto())
     """
 
-    memory_budget: int = DEFAULT_MEMORY_BUDGET
-    forward_max_inputs: int = FORWARD_MAX_INPUTS
+    memory_budget: int | None = None
+    forward_max_inputs: int | None = None
 
     def choose(self, problem: Problem, traced_only: bool = False) -> tuple[AbstractAdjoint, str]:
         """The method and the paragraph that explains it. ``traced_only`` counts only inputs
@@ -71,45 +69,30 @@ class Auto(AbstractAdjoint):
                 "linear solve per stage), stable wherever the forward solve is; a continuous "
                 "adjoint such as Backsolve would be unstable here and is never chosen."
             )
-        if steps is None and n_in <= self.forward_max_inputs:
+        forward_max = (
+            tuning().forward_max_inputs
+            if self.forward_max_inputs is None
+            else self.forward_max_inputs
+        )
+        if steps is None and n_in <= forward_max:
             text = (
                 f"Auto chose Forward(): {size} make {n_in} sensitivity directions "
-                f"(<= {self.forward_max_inputs}), and the step count is adaptive, so carrying "
+                f"(<= {forward_max}), and the step count is adaptive, so carrying "
                 "the sensitivities through the one forward solve is cheaper than any backward "
                 "solve."
             ) + stiff
             return Forward(), text
         chosen = Discrete(None, self.memory_budget)
-        resolved = chosen.resolve(problem)
-        per_state = problem.state_bytes()
+        policy = chosen.policy(problem)
         where = (
             f"{steps} steps known at trace time"
             if steps is not None
             else f"an adaptive step count (at most max_steps={problem.max_steps}) and "
-            f"{n_in} > {self.forward_max_inputs} inputs, too many for forward sensitivities"
+            f"{n_in} > {forward_max} inputs, too many for forward sensitivities"
         )
-        if resolved == "all":
-            how = (
-                f"keeping every step fits the {_mib(self.memory_budget)} budget "
-                f"({_mib(per_state)} per state), so nothing is recomputed"
-            )
-        elif steps is not None:
-            how = (
-                f"keeping every step would exceed the {_mib(self.memory_budget)} budget, so "
-                f"{resolved} checkpoints of {_mib(per_state)} each are kept and the rest "
-                "recomputed on a binomial (revolve) schedule"
-            )
-        else:
-            how = (
-                f"a buffer for all max_steps states would take "
-                f"{_mib(problem.max_steps * per_state)} (more than {_mib(ADAPTIVE_ALL_BYTES)}), "
-                f"so the forward pass keeps its first {resolved} states of "
-                f"{_mib(problem.checkpoint_bytes())} each: a solve of at most {resolved} steps "
-                "recomputes nothing, a longer one recomputes on a binomial (revolve) schedule"
-            )
         text = (
-            f"Auto chose Discrete(checkpoints={resolved!r}) for {size} and {where}: the exact "
-            f"gradient of the discretised solve; {how}."
+            f"Auto chose Discrete(checkpoints={policy.checkpoints!r}) for {size} and {where}: "
+            f"the exact gradient of the discretised solve; {policy.text}."
         ) + stiff
         return chosen, text
 
@@ -118,7 +101,3 @@ class Auto(AbstractAdjoint):
 
     def describe(self, problem: Problem) -> str:
         return self.choose(problem)[1]
-
-
-def _mib(nbytes: float) -> str:
-    return f"{nbytes / 2**20:.3g} MiB"

@@ -39,6 +39,8 @@ class Problem:
     plan: SavePlan
     max_steps: int
     progress: Any = None  # a pair of progress bars (forward, backward), or None
+    #: members of the ``jax.vmap`` batch this solve is traced in (memory budgets are for all)
+    batch: int = 1
     #: ``user_args(args)``: the user's own ``args`` (non-array leaves included) from ours
     user_args: Any = None
     #: ``user_arrays(like)``: the array leaves of a pytree shaped like the user's ``args``

@@ -22,6 +22,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.scipy.special import gammaln
 
+from .._batching import max_member, member_where
+
 PyTree = Any
 
 
@@ -71,28 +73,40 @@ def reverse_steps(
     Returns:
         The adjoint before step 0.
     """
-    n = jnp.asarray(n, jnp.int32)
+    n_own = jnp.asarray(n, jnp.int32)
+    # Under vmap every member follows the schedule of the longest one (unbatched control flow:
+    # no cond runs both branches, no loop selects the whole carry); a member's steps past its
+    # own count leave its state and adjoint as they are.
+    n = max_member(n_own)
+    _advance, _backward = advance, backward
 
-    def sweep(buf, adj):
+    def advance(k, x):
+        return member_where(k < n_own, _advance(k, x), x)
+
+    def backward(k, x, adj):
+        return member_where(k < n_own, _backward(k, x, adj), adj)
+
+    def sweep(buf, adj, count):
         # every state is already kept: a plain reverse sweep reading a loop-invariant buffer
         def one(j, adj):
             k = n - 1 - j
-            return backward(k, jax.tree.map(lambda b: b[k], buf), adj)
+            return backward(k, jax.tree.map(lambda b: b[jnp.clip(k, 0, n_own - 1)], buf), adj)
 
-        return lax.fori_loop(0, n, one, adj)
+        return lax.fori_loop(0, count, one, adj)
 
+    fine = n
     if stored is not None:
-        return sweep(stored[0], adjoint)
+        return sweep(stored[0], adjoint, n)
     if prefix is not None:
-        # all n states kept: start with them as checkpoints (the schedule then only steps back);
-        # otherwise start from x0 alone, the buffer's other rows being free workspace
+        # all n states kept: a plain sweep over them, and the schedule below takes no step
+        # (not a cond between the two, which would copy the buffer); otherwise the schedule
+        # starts from x0 alone, the buffer's other rows being free workspace
         full = n <= slots
+        adjoint = sweep(prefix, adjoint, jnp.where(full, n, 0))
+        fine = jnp.where(full, 0, n)
         buf = prefix
-        height = jnp.where(full, n, 1).astype(jnp.int32)
-        pos = jnp.where(full, jnp.arange(slots, dtype=jnp.int32), 0)
-        cur = jnp.where(full, n - 1, 0).astype(jnp.int32)
-        last = jnp.clip(n - 1, 0, slots - 1)
-        x = jax.tree.map(lambda b, x0_: jnp.where(full, b[last], x0_), buf, x0)
+        height, pos = jnp.asarray(1, jnp.int32), jnp.zeros((slots,), jnp.int32)
+        cur, x = jnp.asarray(0, jnp.int32), x0
     else:
         buf = jax.tree.map(lambda x: jnp.zeros((slots, *jnp.shape(x)), jnp.result_type(x)), x0)
         buf = jax.tree.map(lambda b, x: b.at[0].set(x), buf, x0)
@@ -104,7 +118,7 @@ def reverse_steps(
         "height": height,
         "x": x,
         "cur": cur,
-        "fine": n,
+        "fine": fine,
         "adj": adjoint,
     }
 

@@ -33,12 +33,19 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._loop import LoopOutput, RuntimeGrid, SavePlan, dense_evaluate, save_slots, while_loop
+from .._loop import (
+    LoopOutput,
+    RuntimeGrid,
+    SavePlan,
+    dense_evaluate,
+    saves_in_step,
+    while_loop,
+)
 from .._step import AbstractStep, Adaptive
-from .._tree import rms_error_ratio, tree_add, tree_scale, tree_zeros_like
+from .._tree import rms_error_ratio, tree_add, tree_bytes, tree_scale, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
 from .checkpointing import reverse_steps
-from .discrete import ADAPTIVE_ALL_BYTES, ADAPTIVE_SLOTS, DEFAULT_MEMORY_BUDGET
+from .memory import CheckpointPolicy, checkpoint_policy
 
 #: Backsolve flags the reverse pass when the re-integrated state is off by more than this many
 #: forward tolerances at a save time.
@@ -161,11 +168,13 @@ class _Continuous(AbstractAdjoint):
                 stacklevel=2,
             )
         f, vjp = self._rhs_and_vjp(problem)
-        solver_b = problem.solver if self.solver is None else self.solver
+        solver_b = problem.solver.adjoint_solver() if self.solver is None else self.solver
         if solver_b.partitioned:  # the backward state is not a (u, v) pair
             solver_b = _default_explicit()
         solver_b = solver_b.with_user_args(None)  # user callbacks describe the forward system
         control = self._backward_control(problem)
+        if isinstance(control, Adaptive | _Seminorm) and hasattr(solver_b, "with_tolerances"):
+            solver_b = solver_b.with_tolerances(control.rtol, control.atol)
         points, labels, count = self._breakpoints(problem, keep)
         tdtype = points.dtype
 
@@ -291,8 +300,6 @@ class _Continuous(AbstractAdjoint):
             sizes = starts[1:] - starts[:-1]
         else:
             starts, sizes, n = keep["starts"], keep["sizes"], keep["n"]
-        if plan.ts is not None:
-            j_start, j_count = save_slots(starts, plan.ts, sizes.shape[0])
         args = problem.with_args(args_diff)
 
         def advance(k, x):
@@ -309,15 +316,16 @@ class _Continuous(AbstractAdjoint):
             if plan.steps:  # row k saved the state at the end of step k
                 c = jump_at(hi, k, c)
             if plan.ts is not None:
+                j0, j1 = saves_in_step(plan.ts, k, starts[k], hi)
 
                 def sub(m, ch):
                     c_, hi_ = ch
-                    j = j_start[k] + j_count[k] - 1 - m
+                    j = j1 - 1 - m
                     p = plan.ts[j]
                     c_ = lax.cond(hi_ > p, lambda z: integrate(z, hi_, p), lambda z: z, c_)
                     return jump_at(p, j, c_), p
 
-                c, hi = lax.fori_loop(0, j_count[k], sub, (c, hi))
+                c, hi = lax.fori_loop(0, j1 - j0, sub, (c, hi))
             lo = starts[k]
             c = lax.cond(hi > lo, lambda z: integrate(z, hi, lo), lambda z: z, c)
             c.pop("local")
@@ -408,7 +416,8 @@ class Interpolating(_Continuous):
             last-first from ``c`` checkpoints on a binomial (revolve) schedule and re-takes each
             step for its dense output: memory ``c`` states plus one step, whatever the step
             count.
-        memory_budget: bytes for ``checkpoints=None``.
+        memory_budget: bytes for ``checkpoints=None``, for the whole ``jax.vmap`` batch;
+            default the backend's tuning table (256 MiB).
         vjp: ``vjp(t, y, args, cotangent) -> (ct_y, ct_args)``; default ``jax.vjp`` of ``f``.
         solver: the backward solver; default the forward one.
         step: the backward step control; default the forward one.
@@ -418,26 +427,23 @@ class Interpolating(_Continuous):
     """
 
     checkpoints: int | None = None
-    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    memory_budget: int | None = None
+
+    def policy(self, problem: Problem) -> CheckpointPolicy:
+        """Keep the dense output of every step, or checkpoints (see :func:`checkpoint_policy`)."""
+        if self.checkpoints is not None:
+            return CheckpointPolicy(self.checkpoints, f"checkpoints={self.checkpoints!r} as given")
+        dense = jax.eval_shape(
+            lambda y, a: problem.step(problem.tau0, 1.0, y, a, problem.init_state(y, a)).dense,
+            problem.y0,
+            problem.args,
+        )
+        return checkpoint_policy(problem, tree_bytes(dense), self.memory_budget)
 
     def run(self, problem: Problem) -> LoopOutput:
-        if self.checkpoints is None:
-            static = problem.static_steps
-            rows = static or problem.max_steps
-            dense = jax.eval_shape(
-                lambda y, a: problem.step(problem.tau0, 1.0, y, a, problem.init_state(y, a)).dense,
-                problem.y0,
-                problem.args,
-            )
-            row_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(dense))
-            # an adaptive solve's buffers have max_steps rows whatever it takes: as in Discrete,
-            # keep them only while small
-            keep = self.memory_budget if static else min(self.memory_budget, ADAPTIVE_ALL_BYTES)
-            if rows * row_bytes > keep:
-                slots = max(2, min(rows, self.memory_budget // problem.state_bytes()))
-                if not static:
-                    slots = min(slots, ADAPTIVE_SLOTS)
-                return replace(self, checkpoints=int(slots)).run(problem)
+        checkpoints = self.policy(problem).checkpoints
+        if self.checkpoints is None and checkpoints != "all":
+            return replace(self, checkpoints=int(checkpoints)).run(problem)
         return super().run(problem)
 
     def __post_init__(self):

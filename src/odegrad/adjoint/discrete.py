@@ -17,32 +17,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .._loop import LoopOutput, save_slots
+from .._batching import any_member
+from .._loop import LoopOutput, saves_in_step
 from .._tree import tree_add, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
 from .checkpointing import reverse_steps
-
-#: Memory that ``checkpoints=None`` lets the stored states take before it recomputes instead.
-DEFAULT_MEMORY_BUDGET = 256 * 2**20
-#: An adaptive ``checkpoints=None`` keeps every step (a buffer of ``max_steps`` states, allocated
-#: whatever the step count) only while that buffer is at most this big: measured on a 64x64
-#: diffusion (Tsit5), a 256 MiB buffer made the gradient 18 ms against 1.2 ms with 64 slots.
-ADAPTIVE_ALL_BYTES = 8 * 2**20
-#: Otherwise it keeps at most this many states: the forward pass fills them (a solve of no
-#: more steps recomputes nothing), and the binomial schedule reverses ~2000 steps with 64 slots
-#: in two recomputing sweeps, so more slots would mostly cost allocation.
-ADAPTIVE_SLOTS = 64
-#: ... and at most this many bytes of them, but at least :data:`ADAPTIVE_MIN_SLOTS` states
-#: (within ``memory_budget``). The buffer is allocated and zeroed whole on every gradient call,
-#: used or not, and on CPU memory that fresh costs a page fault per 4 KiB when first touched:
-#: measured ~0.4 ms per MiB, as much as a 96^3 float32 ROCK2 gradient's forward pass for 64
-#: states of 3.4 MiB. So large states get fewer slots (18 of 3.4 MiB); a longer solve
-#: recomputes under the binomial schedule.
-ADAPTIVE_PREFIX_BYTES = 64 * 2**20
-#: A step recomputed costs far more than a zeroed row, so a solve of the 10-30 steps typical of
-#: stabilised methods should not recompute: 96^3 float64 ROCK2 (13 steps of 6.8 MiB) took 3.9x
-#: its forward time with 9 slots, 3.5x with 18.
-ADAPTIVE_MIN_SLOTS = 16
+from .memory import CheckpointPolicy, checkpoint_policy
 
 
 @dataclass(frozen=True)
@@ -59,14 +39,15 @@ class Discrete(AbstractAdjoint):
             grids: every step's stages; adaptive: ``max_steps`` states, up to 8 MiB) and
             otherwise as many checkpoints as fit (adaptive: at most 64, in at most 64 MiB unless
             that leaves fewer than 16).
-        memory_budget: bytes for ``checkpoints=None``.
+        memory_budget: bytes for ``checkpoints=None``, for the whole ``jax.vmap`` batch;
+            default the backend's tuning table (256 MiB).
 
     Example:
         >>> jax.grad(lambda p: og.solve(f, y0, (0., 1.), p, adjoint=og.Discrete(8)).ys[-1].sum())
     """
 
     checkpoints: int | Literal["all"] | None = None
-    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    memory_budget: int | None = None
 
     def __post_init__(self):
         c = self.checkpoints
@@ -78,20 +59,16 @@ class Discrete(AbstractAdjoint):
 
     def resolve(self, problem: Problem) -> int | Literal["all"]:
         """The concrete checkpoint setting this problem gets."""
+        return self.policy(problem).checkpoints
+
+    def policy(self, problem: Problem) -> CheckpointPolicy:
+        """The checkpoint decision and the sentence that explains it."""
         if self.checkpoints is not None:
-            return self.checkpoints
-        per_state = problem.state_bytes()
-        n = problem.static_steps
-        if n is not None:
-            stages = getattr(problem.solver, "step_evals", 1) + 2
-            if n * stages * per_state <= self.memory_budget:
-                return "all"
-            return max(2, min(n, self.memory_budget // per_state))
-        if problem.max_steps * per_state <= min(self.memory_budget, ADAPTIVE_ALL_BYTES):
-            return "all"
-        row = max(problem.checkpoint_bytes(), 1)
-        slots = max(ADAPTIVE_PREFIX_BYTES // row, ADAPTIVE_MIN_SLOTS)
-        return max(2, min(ADAPTIVE_SLOTS, problem.max_steps, slots, self.memory_budget // row))
+            return CheckpointPolicy(self.checkpoints, f"checkpoints={self.checkpoints!r} as given")
+        per_step = problem.state_bytes()
+        if problem.static_steps is not None:  # JAX's scan keeps every stage of every step
+            per_step *= getattr(problem.solver, "step_evals", 1) + 2
+        return checkpoint_policy(problem, per_step, self.memory_budget)
 
     def describe(self, problem: Problem) -> str:
         return f"Discrete(checkpoints={self.resolve(problem)!r})"
@@ -141,10 +118,6 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             n = problem.static_steps
         else:
             starts, sizes, n = rec["starts"], rec["sizes"], rec["n"]
-        n_rows = sizes.shape[0]
-        if plan.ts is not None:
-            j_start, j_count = save_slots(starts, plan.ts, n_rows)
-            j_start = jnp.where(jnp.arange(n_rows) < n, j_start, 0)
 
         # With int checkpoints, f's internals are recomputed inside each reverse step rather
         # than held as residuals (memory is what the user asked to save), and only y is kept:
@@ -200,22 +173,28 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
                 cy, ca = vjp_fn(row)
                 a_y, a_args = tree_add(a_y, cy), tree_add(a_args, ca)
             if plan.ts is not None:
+                j0, j1 = saves_in_step(plan.ts, k, starts[k], starts[k + 1])
 
-                def save_ct(i, acc):
-                    cd, ca = acc
-                    theta = (plan.ts[i] - starts[k]) / sizes[k]
-                    _, vjp_save = jax.vjp(
-                        lambda d, a: plan.fn(
-                            plan.ts[i], solver.interpolate(d, theta), problem.with_args(a)
-                        ),
-                        dense,
-                        args_diff,
+                def save_ct(c):
+                    i, cd, ca = c
+                    # under vmap the loop runs for the member with the most saves in its step k;
+                    # the others add nothing
+                    valid = i < j1
+                    i_ = jnp.minimum(i, plan.ts.shape[0] - 1)
+                    theta = (plan.ts[i_] - starts[k]) / sizes[k]
+                    row = jax.tree.map(lambda c: jnp.where(valid, c[i_], 0), ct.ts_ys)
+                    save = lambda d, a: plan.fn(
+                        plan.ts[i_], solver.interpolate(d, theta), problem.with_args(a)
                     )
-                    dcd, dca = vjp_save(jax.tree.map(lambda c: c[i], ct.ts_ys))
-                    return tree_add(cd, dcd), tree_add(ca, dca)
+                    if not plan.fn_reads_args:
+                        (dcd,) = jax.vjp(lambda d: save(d, args_diff), dense)[1](row)
+                        return i + valid, tree_add(cd, dcd), ca
+                    dcd, dca = jax.vjp(save, dense, args_diff)[1](row)
+                    return i + valid, tree_add(cd, dcd), tree_add(ca, dca)
 
-                j0 = j_start[k]
-                ct_dense, a_args = lax.fori_loop(j0, j0 + j_count[k], save_ct, (ct_dense, a_args))
+                _, ct_dense, a_args = lax.while_loop(
+                    lambda c: any_member(c[0] < j1), save_ct, (j0, ct_dense, a_args)
+                )
             cy0, cst0, ca0 = vjp((a_y, a_st, ct_dense))
             return cy0, cst0, tree_add(a_args, ca0)
 

@@ -40,7 +40,10 @@ class Forward(AbstractAdjoint):
         problem = problem.without_scan_tap()
         # the save buffer carries one lane per direction under the vmap below
         problem = dataclasses.replace(
-            problem, plan=dataclasses.replace(problem.plan, lanes=max(_input_size(problem), 1))
+            problem,
+            plan=dataclasses.replace(
+                problem.plan, lanes=problem.plan.lanes * max(_input_size(problem), 1)
+            ),
         )
 
         def primal(y0, args_diff):

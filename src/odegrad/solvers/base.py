@@ -59,6 +59,10 @@ class AbstractSolver(abc.ABC):
     def interpolate(self, dense, theta) -> PyTree:
         """The state at ``t0 + theta * dt``, ``0 <= theta <= 1``, from one step's ``dense``."""
 
+    def adjoint_solver(self) -> AbstractSolver:
+        """The solver a continuous adjoint integrates backwards with by default: this one."""
+        return self
+
     def with_user_args(self, user_args) -> AbstractSolver:
         """This solver for internal use, where ``f`` receives odegrad's extended ``args``:
         ``user_args(args)`` recovers the user's. Solvers that call user functions taking

@@ -1,0 +1,108 @@
+"""Loops and budgets that stay efficient under ``jax.vmap``.
+
+``jax.vmap`` of a ``lax.while_loop`` whose predicate is batched runs until the last member is
+done and, on every iteration, selects between the old and the new carry of every member — every
+buffer in the carry included — and a ``lax.cond`` with a batched predicate runs both branches.
+The loops here keep their control flow unbatched instead: they run while :func:`any_member`
+runs, to :func:`max_member` steps, and gate each member's own updates with
+:func:`member_where`, which costs nothing outside vmap. Each is a ``custom_vmap`` whose batching
+rule reduces over the batch axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PyTree = Any
+
+
+@jax.custom_batching.custom_vmap
+def any_member(pred):
+    """``pred`` reduced with ``any`` over every batch axis that ``jax.vmap`` added: a loop or a
+    ``lax.cond`` on it stays unbatched."""
+    return pred
+
+
+@any_member.def_vmap
+def _any_member_vmap(axis_size, in_batched, pred):
+    del axis_size
+    return any_member(jnp.any(pred, axis=0) if in_batched[0] else pred), False
+
+
+@jax.custom_batching.custom_vmap
+def max_member(n):
+    """``n`` reduced with ``max`` over every batch axis that ``jax.vmap`` added."""
+    return n
+
+
+@max_member.def_vmap
+def _max_member_vmap(axis_size, in_batched, n):
+    del axis_size
+    return max_member(jnp.max(n, axis=0) if in_batched[0] else n), False
+
+
+@jax.custom_batching.custom_vmap
+def member_where(pred, new, old):
+    """``new`` where ``pred``, else ``old``, for loops whose control is unbatched and where
+    ``pred`` holds for every member unless ``jax.vmap`` batches it: then this is ``new`` at no
+    cost, and a batched ``pred`` selects per member (``jnp.where``)."""
+    del pred, old
+    return new
+
+
+@member_where.def_vmap
+def _member_where_vmap(axis_size, in_batched, pred, new, old):
+    pred_b, new_b, old_b = in_batched
+    if not pred_b:
+        return member_where(pred, new, old), new_b
+
+    def pick(x, xb, y, yb):
+        x = x if xb else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))
+        y = y if yb else jnp.broadcast_to(y, (axis_size, *jnp.shape(y)))
+        p = jnp.reshape(pred, (axis_size,) + (1,) * (jnp.ndim(x) - 1))
+        return jnp.where(p, x, y)
+
+    out = jax.tree.map(pick, new, new_b, old, old_b)
+    return out, jax.tree.map(lambda _: True, new)
+
+
+@jax.custom_batching.custom_vmap
+def _batch_probe(x):
+    return x
+
+
+_PROBED: list[int] = []
+
+
+@_batch_probe.def_vmap
+def _batch_probe_vmap(axis_size, in_batched, x):
+    if in_batched[0]:
+        _PROBED.append(int(axis_size))
+    return _batch_probe(x), in_batched[0]
+
+
+def vmap_batch_size(tree: PyTree) -> int:
+    """How many members ``jax.vmap`` batches ``tree``'s leaves into (the product over nested
+    vmaps; 1 outside vmap), found at trace time by a probe whose batching rule records the
+    axis size (a vmap applied to an already-jitted function batches after tracing: 1).
+
+    Budgets decided per member (checkpoint memory, XLA:CPU's small-buffer rule) must account
+    for it: the batched program holds one copy per member.
+    """
+    traced = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.core.Tracer)]
+    if not traced:
+        return 1
+    # one scalar batched along every vmap that batches any leaf (dead code once traced)
+    probe = sum(jnp.ravel(x)[:1].sum().astype(jnp.float32) for x in traced)
+    _PROBED.clear()
+    try:
+        _batch_probe(jax.lax.stop_gradient(probe))
+        return int(np.prod(_PROBED, dtype=np.int64)) if _PROBED else 1
+    finally:
+        _PROBED.clear()
+
+

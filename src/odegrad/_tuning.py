@@ -1,0 +1,88 @@
+"""Every tuning constant of the loops and the adjoints, with the measurement behind it, per backend.
+
+The values were measured on XLA:CPU (2-core x86 machine unless said otherwise); some encode rules
+of that backend alone (its small-buffer scheduling threshold), so a GPU gets its own, conservative
+table until measured there. :func:`tuning` returns the table of ``jax.default_backend()``;
+:func:`tuned` overrides fields for a benchmark or a test::
+
+    with og._tuning.tuned(adaptive_all_bytes=0):
+        jax.grad(loss)(params)       # traced (and so compiled) under the override
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import jax
+
+
+@dataclass(frozen=True)
+class Tuning:
+    #: XLA:CPU runs a loop body's kernels back to back only while every buffer they touch is at
+    #: most this many bytes (its ThunkExecutor's ``execute_sequential_buffer_threshold``);
+    #: otherwise it schedules them as a task graph, ~1 us per step of a small problem (measured:
+    #: Lotka–Volterra forward sensitivities, 20 saves, 205 -> 95 us per solve). Save buffers are
+    #: chunked to stay under it. Under vmap no chunk can (every row is one per member), so the
+    #: batched loop does not chunk (neural ODE B=256 forward: 10.7 -> 7.0 ms). 0: never chunk.
+    small_buffer_bytes: int = 512
+    #: at most this many chunks (one switch branch each) for one save buffer.
+    max_chunks: int = 32
+    #: a static grid's saves are read after the loop from each step's stacked starting state
+    #: (one re-taken step per save) while that stack is at most this many bytes: the loop body
+    #: stays one fused kernel (Lotka–Volterra, RK4, 1000 steps, 20 saves: 3.7 ms -> 60 us).
+    stacked_save_bytes: int = 1 << 22
+    #: memory that ``checkpoints=None`` lets stored states take before recomputing instead.
+    memory_budget: int = 256 * 2**20
+    #: an adaptive solve keeps every step (a buffer of ``max_steps`` rows, allocated whatever
+    #: the step count) only while that buffer is at most this big: on a 64x64 diffusion (Tsit5)
+    #: a 256 MiB buffer made the gradient 18 ms against 1.2 ms with 64 slots.
+    adaptive_all_bytes: int = 8 * 2**20
+    #: otherwise it keeps at most this many states, filled by the forward pass: ~2000 steps
+    #: reverse with 64 slots in two recomputing sweeps, so more slots mostly cost allocation.
+    adaptive_slots: int = 64
+    #: ... in at most this many bytes, but at least ``adaptive_min_slots`` states: the buffer is
+    #: zeroed whole on every gradient call, and on CPU fresh memory costs ~0.4 ms per MiB in
+    #: page faults (64 states of 3.4 MiB cost as much as a 96^3 float32 ROCK2 forward pass).
+    adaptive_prefix_bytes: int = 64 * 2**20
+    #: a recomputed step costs far more than a zeroed row: 96^3 float64 ROCK2 (13 steps of
+    #: 6.8 MiB) took 3.9x its forward time with 9 slots, 3.5x with 18.
+    adaptive_min_slots: int = 16
+    #: ``og.Auto`` carries forward sensitivities while states + parameters are at most this many
+    #: (set on Lotka–Volterra's 6 inputs, where they beat every reverse pass; not measured at
+    #: the boundary).
+    forward_max_inputs: int = 32
+
+
+#: GPU values: XLA:GPU has no small-buffer rule (no chunking); the rest as on CPU until measured.
+_TABLES = {
+    "cpu": Tuning(),
+    "gpu": Tuning(small_buffer_bytes=0),
+    "tpu": Tuning(small_buffer_bytes=0),
+}
+_override: list[Tuning] = []
+
+
+def tuning() -> Tuning:
+    """The tuning table in force: an override from :func:`tuned`, else the default backend's."""
+    if _override:
+        return _override[-1]
+    return _TABLES.get(jax.default_backend(), _TABLES["gpu"])
+
+
+@contextlib.contextmanager
+def tuned(**changes) -> Iterator[Tuning]:
+    """Trace solves with some tuning fields changed (for benchmarks and tests).
+
+    Example:
+        >>> with tuned(memory_budget=2**20):
+        ...     print(og.explain_adjoint(f, y0, (0.0, 1.0), args))
+    """
+    table = dataclasses.replace(tuning(), **changes)
+    _override.append(table)
+    try:
+        yield table
+    finally:
+        _override.pop()
