@@ -104,5 +104,3 @@ def vmap_batch_size(tree: PyTree) -> int:
         return int(np.prod(_PROBED, dtype=np.int64)) if _PROBED else 1
     finally:
         _PROBED.clear()
-
-

@@ -148,7 +148,7 @@ def _thread_check_jvp(primals, tangents):
     # Under jax.grad the primal outputs are dead code, and the check with them. The tangents
     # are scaled by a 1 that comes out of the same check: the reverse pass needs it, so the
     # forward pass runs the check (one multiply per output entry).
-    outputs, *rest = primals
+    _, *rest = primals
     one = _thread_check(jnp.ones((), jnp.float32), *rest)
 
     def scale(dx):
