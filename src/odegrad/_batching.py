@@ -20,29 +20,31 @@ import numpy as np
 PyTree = Any
 
 
-@jax.custom_batching.custom_vmap
-def any_member(pred):
-    """``pred`` reduced with ``any`` over every batch axis that ``jax.vmap`` added: a loop or a
-    ``lax.cond`` on it stays unbatched."""
-    return pred
+def _reduced_over_batch(reduce, doc: str):
+    """The identity, whose batching rule applies ``reduce`` over the batch axis (recursively,
+    so nested vmaps reduce over every batch axis) and returns an unbatched value."""
+
+    @jax.custom_batching.custom_vmap
+    def identity(x):
+        return x
+
+    @identity.def_vmap
+    def _vmap(axis_size, in_batched, x):
+        del axis_size
+        return identity(reduce(x, axis=0) if in_batched[0] else x), False
+
+    identity.__doc__ = doc
+    return identity
 
 
-@any_member.def_vmap
-def _any_member_vmap(axis_size, in_batched, pred):
-    del axis_size
-    return any_member(jnp.any(pred, axis=0) if in_batched[0] else pred), False
-
-
-@jax.custom_batching.custom_vmap
-def max_member(n):
-    """``n`` reduced with ``max`` over every batch axis that ``jax.vmap`` added."""
-    return n
-
-
-@max_member.def_vmap
-def _max_member_vmap(axis_size, in_batched, n):
-    del axis_size
-    return max_member(jnp.max(n, axis=0) if in_batched[0] else n), False
+any_member = _reduced_over_batch(
+    jnp.any,
+    "``pred`` reduced with ``any`` over every batch axis that ``jax.vmap`` added: a loop or a "
+    "``lax.cond`` on it stays unbatched.",
+)
+max_member = _reduced_over_batch(
+    jnp.max, "``n`` reduced with ``max`` over every batch axis that ``jax.vmap`` added."
+)
 
 
 @jax.custom_batching.custom_vmap
