@@ -1,6 +1,7 @@
 """Every documented input error: its exception type, and a message that names the offending
-argument and says how to fix it. These raise while ``og.solve`` checks its inputs, before
-anything is compiled, so the file is fast."""
+argument and says how to fix it. Most raise while ``og.solve`` checks its inputs, before
+anything is compiled, so the file is fast; the last section (a non-finite y0 or f(t0, y0, args),
+found as the solve runs) compiles tiny solves."""
 
 from __future__ import annotations
 
@@ -289,3 +290,132 @@ def test_input_errors_under_jit(kwargs, fragment):
 
     with raises(ValueError, fragment):
         jax.jit(run)(Y0)
+
+
+# --------------------------------------------------------------------------------------------
+# a non-finite initial state or initial derivative: detected as the solve runs (under jit the
+# values are traced), reported as Result.nonfinite_y0 / nonfinite_f0 at t0, step 0, with the
+# leaf at fault named. These compile tiny solves.
+
+
+def scaled(t, y, args):
+    return jax.tree.map(lambda x: -args["k"] * x, y)
+
+
+ARGS = {"k": jnp.asarray(0.5), "c": jnp.ones(2)}
+NAN_Y0 = ("failed at t=0 (step 0)", "the initial state y0 is not finite", "check the inputs")
+
+
+def solve_jit(f, y0, args=None, t_span=(0.0, 1.0), **kwargs):
+    return jax.jit(lambda y, a: og.solve(f, y, t_span, a, **kwargs))(y0, args)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{}, {"step": og.Fixed(0.25)}, {"solver": og.RK4(), "step": og.Fixed(0.25)}],
+    ids=["adaptive", "fixed-tsit5", "fixed-rk4"],
+)
+def test_nan_in_y0_under_jit(kwargs):
+    y0 = jnp.array([1.0, jnp.nan, 2.0])
+    with raises(RuntimeError, *NAN_Y0, "y0 holds nan at index (1,)"):
+        solve_jit(scaled, y0, ARGS, **kwargs)
+    sol = solve_jit(scaled, y0, ARGS, throw=False, **kwargs)
+    assert int(sol.result) == og.Result.nonfinite_y0
+    if "step" not in kwargs:  # the adaptive loop stops at once, not after max_steps
+        assert int(sol.stats["steps"]) == 1
+
+
+def test_inf_in_pytree_y0_names_the_leaf():
+    y0 = {"x": jnp.ones(2), "v": (jnp.asarray(1.0), jnp.array([[0.0, 0.0], [-jnp.inf, 0.0]]))}
+    with raises(RuntimeError, *NAN_Y0, "y0['v'][1] holds -inf at index (1, 0)"):
+        solve_jit(scaled, y0, ARGS)
+    assert int(solve_jit(scaled, y0, ARGS, throw=False).result) == og.Result.nonfinite_y0
+
+
+def test_inf_in_args_leaf_names_it():
+    args = {"k": jnp.asarray(jnp.inf), "c": jnp.ones(2)}
+    y0 = (jnp.ones(2), jnp.asarray(3.0))
+    fragments = (
+        "failed at t=0 (step 0)",
+        "the initial derivative f(t0, y0, args) is not finite while y0 is",
+        "f(t0, y0, args)[0] holds -inf at index (0,)",
+        "args['k'] holds inf",
+        "check args",
+    )
+    with raises(RuntimeError, *fragments):
+        solve_jit(scaled, y0, args)
+    assert int(solve_jit(scaled, y0, args, throw=False).result) == og.Result.nonfinite_f0
+
+
+def test_f_nan_at_t0_blames_f():
+    """Finite y0 and args: f itself is not finite at t0 (sqrt(t - 1) at t0 = 0)."""
+
+    def f(t, y, args):
+        return {"a": -y["a"], "b": jnp.sqrt(t - 1.0) * y["b"]}
+
+    y0 = {"a": jnp.ones(2), "b": jnp.ones(3)}
+    fragments = (
+        "failed at t=0 (step 0)",
+        "f(t0, y0, args)['b'] holds nan at index (0,)",
+        "though args are finite",
+        "check the right-hand side f at t0",
+    )
+    for kwargs in ({}, {"solver": og.RK4(), "step": og.Fixed(0.1)}):
+        with raises(RuntimeError, *fragments):
+            solve_jit(f, y0, ARGS, **kwargs)
+        sol = solve_jit(f, y0, ARGS, throw=False, **kwargs)
+        assert int(sol.result) == og.Result.nonfinite_f0
+
+
+def test_f_nan_at_t0_partitioned():
+    """The error names the half of f = (f_u, f_v) at fault."""
+    y0 = (jnp.ones(2), jnp.zeros(2))
+    f = (fu, lambda t, u, args: -u / args)
+    kwargs = {"solver": og.Leapfrog(), "step": og.Fixed(0.1)}
+    with raises(RuntimeError, "f_v(t0, u0, args) holds -inf at index (0,)", "args are finite"):
+        solve_jit(f, y0, jnp.asarray(0.0), **kwargs)
+    sol = solve_jit(f, y0, jnp.asarray(0.0), throw=False, **kwargs)
+    assert int(sol.result) == og.Result.nonfinite_f0
+
+
+def test_nonfinite_array_f_closes_over():
+    def run(c):
+        return og.solve(lambda t, y, a: -c * y, jnp.ones(2), (0.0, 1.0)).ys
+
+    with raises(RuntimeError, "an array of shape (2,) that f closes over holds inf or nan"):
+        jax.jit(run)(jnp.array([1.0, jnp.nan]))
+
+
+def test_nonfinite_start_under_vmap_names_the_member():
+    y0s = jnp.array([[1.0, 1.0], [1.0, 1.0], [1.0, jnp.nan]])
+    ks = jnp.array([1.0, jnp.inf, 2.0])
+
+    def run(y, k, throw=True):
+        return og.solve(scaled, y, (0.0, 1.0), {"k": k}, throw=throw)
+
+    with raises(RuntimeError, "batch member 1 of a batch of (3,); 2 members failed", "args['k']"):
+        jax.jit(jax.vmap(run))(y0s, ks)
+    sols = jax.jit(jax.vmap(lambda y, k: run(y, k, throw=False)))(y0s, ks)
+    codes = [og.Result.success, og.Result.nonfinite_f0, og.Result.nonfinite_y0]
+    assert sols.result.tolist() == codes
+    assert np.all(np.isfinite(np.asarray(sols.ys[0])))
+
+
+def test_concrete_nan_y0_raises_before_solving():
+    """A concrete y0 is checked at once (a ValueError); throw=False returns the code."""
+    y0 = {"x": np.array([1.0, np.inf])}
+    with raises(ValueError, "initial state y0 is not finite", "y0['x'] holds inf at index (1,)"):
+        og.solve(scaled, y0, (0.0, 1.0), ARGS)
+    sol = og.solve(scaled, y0, (0.0, 1.0), ARGS, throw=False)
+    assert int(sol.result) == og.Result.nonfinite_y0
+    # args are not checked up front (inf may be meant, a bound, say): f(t0, y0, args) is
+    with raises(RuntimeError, "failed at t=0 (step 0)", "args['k'] is inf", "check args"):
+        og.solve(scaled, jnp.ones(2), (0.0, 1.0), {"k": float("inf")})
+
+
+def test_gradient_of_nonfinite_start_raises():
+    def loss(k):
+        return og.solve(scaled, jnp.ones(2), (0.0, 1.0), {"k": k}).ys.sum()
+
+    with raises(RuntimeError, "args['k'] holds inf"):
+        jax.jit(jax.grad(loss))(jnp.inf)

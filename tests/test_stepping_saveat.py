@@ -350,6 +350,8 @@ def test_result_codes():
         "max_steps_reached",
         "step_size_underflow",
         "nonfinite",
+        "nonfinite_y0",
+        "nonfinite_f0",
     ]
     sol = jax.jit(lambda y: og.solve(blowup, y, (0.0, 0.5)))(jnp.asarray(1.0))
     assert int(sol.result) == og.Result.success

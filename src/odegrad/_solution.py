@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from functools import partial
 from typing import Any
 
 import jax
@@ -13,12 +14,25 @@ from ._batching import any_member
 
 
 class Result(enum.IntEnum):
-    """Why a solve stopped. ``sol.result`` holds one of these as an integer array."""
+    """Why a solve stopped. ``sol.result`` holds one of these as an integer array.
+
+    * ``success``: reached ``t1``.
+    * ``max_steps_reached``: ran out of steps before ``t1``.
+    * ``step_size_underflow``: an adaptive step shrank below the floor.
+    * ``nonfinite``: the state became inf or nan.
+    * ``nonfinite_y0``: the initial state ``y0`` holds inf or nan (the solve failed at ``t0``).
+    * ``nonfinite_f0``: ``y0`` is finite but ``f(t0, y0, args)`` is not (the solve failed at
+      ``t0``): a non-finite ``args`` leaf, or ``f`` itself at ``t0``.
+
+    With ``throw=True`` the error names the leaf at fault (``y0['x']``, ``args['k']``).
+    """
 
     success = 0
     max_steps_reached = 1
     step_size_underflow = 2
     nonfinite = 3
+    nonfinite_y0 = 4
+    nonfinite_f0 = 5
 
     @property
     def message(self) -> str:
@@ -38,6 +52,11 @@ _MESSAGES = {
     Result.nonfinite: (
         "the state became non-finite (inf/nan); check f and the initial state, or take smaller "
         "steps"
+    ),
+    Result.nonfinite_y0: "the initial state y0 is not finite (inf/nan); check the inputs",
+    Result.nonfinite_f0: (
+        "the initial derivative f(t0, y0, args) is not finite (inf/nan) while y0 is; check args "
+        "and the right-hand side f at t0"
     ),
 }
 
@@ -96,16 +115,21 @@ class Solution:
         return f"Solution(ts={getattr(self.ts, 'shape', None)}, ys={shapes}, result={self.result})"
 
 
-def result_message(code: int, t, step, member: str = "") -> str:
-    return (
-        f"og.solve failed at t={float(t):.6g} (step {int(step)}{member}): "
-        f"{Result(int(code)).message}."
-    )
+def result_message(code: int, t, step, member: str = "", body: str | None = None) -> str:
+    """The error text for a failed solve; ``body`` (say, naming the leaf at fault) replaces the
+    code's own message."""
+    body = Result(int(code)).message if body is None else body
+    return f"og.solve failed at t={float(t):.6g} (step {int(step)}{member}): {body}."
 
 
-def _raise_first_failure(code, t, step, batch_shape=()):
-    """Raise for the first member whose ``code`` is not success (host side, NumPy arrays)."""
-    code, t, step = (np.broadcast_to(np.asarray(x), np.shape(code)) for x in (code, t, step))
+def _raise_first_failure(code, t, step, info=None, describe=None):
+    """Raise for the first member whose ``code`` is not success (host side, NumPy arrays).
+
+    ``describe(code, info)`` gets that member's slice of ``info`` (a pytree of arrays whose
+    leading axes, if any, are the batch's) and may return the message's body, or None for the
+    code's own message."""
+    code = np.asarray(code)
+    t, step = (np.broadcast_to(np.asarray(x), np.shape(code)) for x in (t, step))
     bad = np.flatnonzero(code.reshape(-1) != 0)
     if not bad.size:
         return
@@ -117,14 +141,23 @@ def _raise_first_failure(code, t, step, batch_shape=()):
         member = f", batch member {which} of a batch of {code.shape}"
         if bad.size > 1:
             member += f"; {bad.size} members failed"
+    body = None
+    if describe is not None:
+
+        def of_member(x):
+            x = np.asarray(x)
+            x = np.broadcast_to(x, code.shape + x.shape[code.ndim :])
+            return x.reshape((code.size, *x.shape[code.ndim :]))[i]
+
+        body = describe(int(code.reshape(-1)[i]), jax.tree.map(of_member, info))
     raise RuntimeError(
-        result_message(code.reshape(-1)[i], t.reshape(-1)[i], step.reshape(-1)[i], member)
+        result_message(code.reshape(-1)[i], t.reshape(-1)[i], step.reshape(-1)[i], member, body)
         + " Pass throw=False to get sol.result instead of an error."
     )
 
 
-@jax.custom_jvp
-def _thread_check(outputs, failed, code, t, step):
+@partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _thread_check(describe, outputs, failed, code, t, step, info):
     """``outputs`` unchanged; when ``failed`` (unbatched), a host callback raises first.
 
     ``jax.pure_callback`` rather than ``jax.debug.callback``: a program with an effect leaves
@@ -134,48 +167,56 @@ def _thread_check(outputs, failed, code, t, step):
     struct = jax.eval_shape(lambda: outputs)
 
     def fail():
-        def host(code_, t_, step_):
-            _raise_first_failure(code_, t_, step_)
+        def host(code_, t_, step_, info_):
+            _raise_first_failure(code_, t_, step_, info_, describe)
             return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), struct)
 
-        return jax.pure_callback(host, struct, code, t, step, vmap_method="expand_dims")
+        return jax.pure_callback(host, struct, code, t, step, info, vmap_method="expand_dims")
 
     return jax.lax.cond(failed, fail, lambda: outputs)
 
 
 @_thread_check.defjvp
-def _thread_check_jvp(primals, tangents):
+def _thread_check_jvp(describe, primals, tangents):
     # Under jax.grad the primal outputs are dead code, and the check with them. The tangents
     # are scaled by a 1 that comes out of the same check: the reverse pass needs it, so the
     # forward pass runs the check (one multiply per output entry).
     _, *rest = primals
-    one = _thread_check(jnp.ones((), jnp.float32), *rest)
+    one = _thread_check(describe, jnp.ones((), jnp.float32), *rest)
 
     def scale(dx):
         if dx.dtype == jax.dtypes.float0:
             return dx
         return dx * one.astype(dx.dtype)
 
-    return _thread_check(*primals), jax.tree.map(scale, tangents[0])
+    return _thread_check(describe, *primals), jax.tree.map(scale, tangents[0])
 
 
-def check_result(outputs, result, locate):
-    """``outputs`` (any pytree of arrays), raising when ``result`` is not success; ``locate()``
-    gives the failure's ``(t, step)`` and is traced only into the failure branch.
+def check_result(outputs, result, locate, describe=None):
+    """``outputs`` (any pytree of arrays), raising when ``result`` is not success.
+
+    ``locate()`` gives the failure's ``(t, step)``, or ``(t, step, code, info)``: the code to
+    report (``result`` made more precise) and a pytree of arrays from which ``describe(code,
+    info)`` (host side, NumPy) may word the error for the failing member instead of the code's
+    own message. It is traced only into the failure branch.
 
     Free on a successful solve, also under ``jax.vmap`` (the branch predicate is reduced over
     the batch by :func:`any_member`); a failing member of a batch is named in the error."""
-    if not isinstance(result, jax.core.Tracer):
-        _raise_first_failure(result, *locate())
-        return outputs
-    failed = any_member(jnp.any(result != 0))
 
     def located():
-        t, step = locate()
-        return jax.lax.stop_gradient(t), step
+        t, step, *rest = locate()
+        code, info = rest if rest else (result, None)
+        return jax.lax.stop_gradient(t), step, code, info
+
+    if not isinstance(result, jax.core.Tracer):
+        if np.any(np.asarray(result) != 0):  # eager: locate() only on failure, as under jit
+            t, step, code, info = located()
+            _raise_first_failure(code, t, step, info, describe)
+        return outputs
+    failed = any_member(jnp.any(result != 0))
 
     # locate() only runs in the failure branch: a branch of its own, then the raising one
     shapes = jax.eval_shape(located)
     placeholders = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    t, step = jax.lax.cond(failed, located, placeholders)
-    return _thread_check(outputs, failed, result, t, step)
+    t, step, code, info = jax.lax.cond(failed, located, placeholders)
+    return _thread_check(describe, outputs, failed, code, t, step, info)

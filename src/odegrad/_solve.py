@@ -11,6 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._batching import vmap_batch_size
+from ._initial import (
+    check_concrete_state,
+    describe,
+    locate_start,
+    refined_result,
+    state_names,
+)
 from ._loop import RuntimeGrid, SavePlan, locate_failure, static_slot_count
 from ._saveat import SaveAt
 from ._scaleout import explicit_mesh, on_auto_axes
@@ -77,8 +84,11 @@ def solve(
         kw.update(progress=progress, throw=throw)
         return on_auto_axes(lambda y, a, ts: solve(f, y, ts, a, **kw), mesh, y0, args, t_span)
     adjoint = Auto() if adjoint is None else adjoint
+    y0_user = y0
     problem, ctx = _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps)
     saveat, s, t0, ts_tau, fn_tau, args_ext, y0 = ctx
+    if throw:
+        check_concrete_state(y0, state_names(y0_user))
     if progress:
         from ._progress import bars
 
@@ -104,14 +114,22 @@ def solve(
         ys = jax.tree.map(lambda *rows: jnp.concatenate(rows), *ys_rows)
     else:
         ts, ys = None, None
-    outputs = (ts, ys, out.stats, out.result, out.dense)
+    # A while loop that failed at t0 never moved: its final state is y0, and reading it rather
+    # than y0 keeps y0's buffer free for the loop to update in place.
+    y_start = y0 if problem.grid is not None else out.y1
     if throw:
 
         def locate():
             tau, step_ = locate_failure(out, problem.grid, problem.plan.ts)
-            return s * tau, step_
+            code, info = locate_start(problem, out, y_start)
+            # a non-finite y0 or f(t0, y0, args) fails at the start, though a scan runs on
+            initial = code != out.result
+            return jnp.where(initial, t0, s * tau), jnp.where(initial, 0, step_), code, info
 
-        outputs = check_result(outputs, out.result, locate)
+        outputs = (ts, ys, out.stats, out.result, out.dense)
+        outputs = check_result(outputs, out.result, locate, describe(problem, y0_user, args))
+    else:
+        outputs = (ts, ys, out.stats, refined_result(problem, out, y_start), out.dense)
     return Solution(*outputs, problem.solver, s)
 
 

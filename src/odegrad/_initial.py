@@ -1,0 +1,249 @@
+"""A non-finite initial state ``y0`` or initial derivative ``f(t0, y0, args)``.
+
+Either makes the first step non-finite, and the loops report what follows: an adaptive solve
+rejects its steps at ``t0`` (a nan first step size stops it at once), a fixed grid runs on to
+``t1``. Such a failure is recoded as ``Result.nonfinite_y0`` or ``Result.nonfinite_f0`` in
+branches taken only when a solve failed before its first accepted step (:func:`refined_result`
+for ``throw=False``, :func:`locate_start` in the error's branch), so a successful solve
+computes nothing for it; they evaluate ``f`` once. :func:`describe` words the error on the host
+from leaf paths fixed at trace time. A concrete ``y0`` is checked before anything runs
+(:func:`check_concrete_state`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ._batching import any_member
+from ._solution import Result
+from ._tree import is_array
+
+PyTree = Any
+
+_KINDS = {1: "nan", 2: "inf", 3: "-inf"}
+_FIX_Y0 = "check the inputs (y0 must be finite)"
+
+
+def _failed_at_start(problem, out):
+    """Members that failed before their first accepted step (a scan never stops: any of its
+    ``nonfinite`` results)."""
+    if problem.grid is not None:
+        return out.result == Result.nonfinite
+    return (out.result != Result.success) & (out.stats["accepted"] == 0)
+
+
+def _initial_derivative(problem, y):
+    t0, f, args = problem.direction * problem.tau0, problem.f, problem.args
+    if problem.solver.partitioned:
+        return (f[0](t0, y[1], args), f[1](t0, y[0], args))
+    return f(t0, y, args)
+
+
+def _all_finite(tree):
+    # sum(x - x) is 0, or nan from an inf or nan: one fused pass per leaf
+    return jnp.isfinite(sum(jnp.sum(x - x) for x in jax.tree.leaves(tree)))
+
+
+def refined_result(problem, out, y_start):
+    """``out.result`` recoded as ``Result.nonfinite_y0`` / ``nonfinite_f0`` where a solve failed
+    before its first accepted step because ``y0`` / ``f(t0, y0, args)`` holds inf or nan.
+
+    ``y_start`` is ``y0`` as the loop left it for such a member: a while loop's final state
+    (it never moved), a scan's ``y0``. ``f`` is evaluated in a branch taken only when some member
+    failed so (for ``throw=False``; with ``throw=True`` :func:`locate_start` does this in the
+    error's own branch)."""
+    at_start = _failed_at_start(problem, out)
+
+    def recode():
+        y_ok = _all_finite(y_start)
+        f_ok = _all_finite(_initial_derivative(problem, y_start))
+        code = jnp.where(~y_ok, Result.nonfinite_y0, jnp.where(~f_ok, Result.nonfinite_f0, 0))
+        return jnp.where(at_start & (code != 0), code, out.result).astype(jnp.int32)
+
+    if not isinstance(at_start, jax.core.Tracer):  # eager: decide here, compile no branch
+        return recode() if np.any(np.asarray(at_start)) else out.result
+    return lax.cond(any_member(jnp.any(at_start)), recode, lambda: out.result)
+
+
+#: ``info`` of :func:`locate_start`, 8 ints: the first inf or nan of y0 and of f(t0, y0, args)
+#: as (flat index over all leaves, kind), of the array leaves of args as (leaf, flat index,
+#: kind), and the first non-finite array f closes over; -1 where none. Kind: 1 nan, 2 inf,
+#: 3 -inf.
+_INFO = 8
+
+
+def _first_entry(leaves) -> tuple[int, int, int]:
+    """``(leaf, flat index in it, kind)`` of the first inf or nan of ``leaves`` (NumPy)."""
+    for i, x in enumerate(leaves):
+        x = np.asarray(x).reshape(-1)
+        if not np.issubdtype(x.dtype, np.inexact):
+            continue
+        bad = np.flatnonzero(~np.isfinite(x))
+        if bad.size:
+            v = x[bad[0]]
+            return i, int(bad[0]), 1 if np.isnan(v) else (3 if np.real(v) < 0 else 2)
+    return -1, -1, 0
+
+
+def _locate_on_host(code, at_start, y, f0, arrays, consts):
+    """Host side of :func:`locate_start`, for every member (leading axes of ``code``)."""
+    code, at_start = np.asarray(code), np.asarray(at_start)
+    batch = code.shape
+
+    def member(tree, i):
+        return [np.broadcast_to(x, batch + x.shape[len(batch) :])[i] for x in tree]
+
+    out_code, info = code.copy(), np.full((*batch, _INFO), -1, np.int32)
+    for i in np.ndindex(batch):
+        ys, fs = member(y, i), member(f0, i)
+        sizes = np.cumsum([0] + [x.size for x in ys])
+        row = info[i]
+        y_leaf, y_at, y_kind = _first_entry(ys)
+        f_leaf, f_at, f_kind = _first_entry(fs)
+        if y_leaf >= 0:
+            row[0:2] = sizes[y_leaf] + y_at, y_kind
+        if f_leaf >= 0:
+            row[2:4] = sizes[f_leaf] + f_at, f_kind
+        row[4:7] = _first_entry(member(arrays, i))
+        row[7] = _first_entry(member(consts, i))[0]
+        if at_start[i] and y_leaf >= 0:
+            out_code[i] = Result.nonfinite_y0
+        elif at_start[i] and f_leaf >= 0:
+            out_code[i] = Result.nonfinite_f0
+    return out_code.astype(np.int32), info
+
+
+def locate_start(problem, out, y_start):
+    """``(code, info)`` for the error, to be traced only into its failure branch: the code of
+    :func:`refined_result` and where the inf or nan is (:data:`_INFO`), found on the host from
+    ``y0``, ``f(t0, y0, args)``, ``args`` and the arrays ``f`` closes over. The branch runs
+    ``f`` and one callback, a handful of operations that XLA:CPU pays for even untaken."""
+    at_start = _failed_at_start(problem, out)
+    values = (
+        jax.tree.leaves(y_start),
+        jax.tree.leaves(_initial_derivative(problem, y_start)),
+        list(problem.args[0]),
+        list(problem.args[1]),
+    )
+    return _locate_callback(out.result, at_start, values)
+
+
+@jax.custom_jvp
+def _locate_callback(result, at_start, values):
+    shapes = (
+        jax.ShapeDtypeStruct(jnp.shape(result), jnp.int32),
+        jax.ShapeDtypeStruct((*jnp.shape(result), _INFO), jnp.int32),
+    )
+    return jax.pure_callback(
+        _locate_on_host, shapes, result, at_start, *values, vmap_method="broadcast_all"
+    )
+
+
+@_locate_callback.defjvp
+def _locate_callback_jvp(primals, tangents):
+    # integer outputs: nothing to differentiate (a pure callback has no JVP of its own)
+    out = _locate_callback(*primals)
+    return out, jax.tree.map(lambda o: np.zeros(o.shape, jax.dtypes.float0), out)
+
+
+def leaf_paths(tree: PyTree) -> list[str]:
+    """Each leaf's pytree path as text: ``[1]``, ``['k']``, ``.mlp.layers[0].weight``."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    return [jax.tree_util.keystr(path) for path, _ in flat]
+
+
+def state_names(y0_user: PyTree) -> list[str]:
+    """``y0[1]``, ``y0['a']``: each leaf of the initial state by its path."""
+    return ["y0" + p for p in leaf_paths(y0_user)]
+
+
+def _entry_text(name: str, shape: tuple, entry: int, kind: int) -> str:
+    """``"<name> holds nan at index (i, j)"`` (no index for a scalar)."""
+    index = tuple(int(i) for i in np.unravel_index(entry, shape)) if shape else ()
+    where = f" at index {index}" if shape else ""
+    return f"{name} holds {_KINDS.get(kind, 'inf or nan')}{where}"
+
+
+def describe(problem, y0_user: PyTree, args_user: PyTree):
+    """``describe(code, info)`` for :func:`~odegrad._solution.check_result`: the error's body for
+    ``Result.nonfinite_y0`` and ``Result.nonfinite_f0`` from :func:`locate_start`'s ``info``
+    (one member's), or ``None`` for other codes. Names and shapes are fixed here, at trace
+    time."""
+    y_paths = leaf_paths(y0_user)
+    y_shapes = [tuple(jnp.shape(x)) for x in jax.tree.leaves(problem.y0)]
+    starts = np.cumsum([0] + [int(np.prod(s)) for s in y_shapes])
+    if problem.solver.partitioned:
+        # du/dt = f_u(t, v, args) and dv/dt = f_v(t, u, args), with y0 = (u0, v0)
+        halves = {"[0]": "f_u(t0, v0, args)", "[1]": "f_v(t0, u0, args)"}
+        f_names = [halves[p[:3]] + p[3:] for p in y_paths]
+    else:
+        f_names = ["f(t0, y0, args)" + p for p in y_paths]
+    y_names = ["y0" + p for p in y_paths]
+    flat_args = jax.tree_util.tree_flatten_with_path(args_user)[0]
+    a_names = ["args" + jax.tree_util.keystr(p) for p, x in flat_args if is_array(x)]
+    a_shapes = [tuple(jnp.shape(x)) for x in problem.args[0]]
+    # Python numbers in args are constants of the trace: a non-finite one is known now
+    static_bad = [
+        f"args{jax.tree_util.keystr(p)} is {x}"
+        for p, x in flat_args
+        if isinstance(x, float | complex) and not is_array(x) and not np.isfinite(x)
+    ]
+    c_names = [f"an array of shape {jnp.shape(c)} that f closes over" for c in problem.args[1]]
+
+    def entry(names, flat, kind):
+        leaf = int(np.searchsorted(starts, flat, side="right")) - 1
+        return _entry_text(names[leaf], y_shapes[leaf], int(flat - starts[leaf]), int(kind))
+
+    def body(code, info):
+        if code == Result.nonfinite_y0:
+            return f"the initial state y0 is not finite: {entry(y_names, *info[0:2])}; {_FIX_Y0}"
+        if code != Result.nonfinite_f0:
+            return None
+        bad_f = entry(f_names, *info[2:4])
+        head = f"the initial derivative f(t0, y0, args) is not finite while y0 is: {bad_f}"
+        a, c = int(info[4]), int(info[7])
+        if a >= 0:
+            bad_arg = _entry_text(a_names[a], a_shapes[a], int(info[5]), int(info[6]))
+        else:
+            bad_arg = next(iter(static_bad), None)
+        if bad_arg is not None:
+            return f"{head}, and {bad_arg}; check args (or f, if it should handle that value)"
+        if c >= 0:
+            return f"{head}, and {c_names[c]} holds inf or nan; check the constants f uses"
+        return (
+            f"{head}, though args are finite; check the right-hand side f at t0 (a division by "
+            "zero, a log or sqrt outside its domain, an overflow)"
+        )
+
+    return body
+
+
+def check_concrete_state(y0: PyTree, names: list[str]) -> None:
+    """Raise a ``ValueError`` naming the first leaf of ``y0`` that holds inf or nan, when the
+    leaves are concrete (eager calls, constants under ``jax.jit``); traced leaves are left to
+    the run-time check. One device reduction and one small transfer."""
+    leaves = jax.tree.leaves(y0)
+    concrete = [i for i, x in enumerate(leaves) if not isinstance(x, jax.core.Tracer)]
+    if not concrete:
+        return
+    with jax.ensure_compile_time_eval():
+        ok = np.asarray(_finite_flags([leaves[i] for i in concrete]))
+    if ok.all():
+        return
+    i = concrete[int(np.argmin(ok))]
+    x = np.asarray(leaves[i])
+    e = int(np.argmin(np.isfinite(x).reshape(-1)))
+    v = x.reshape(-1)[e]
+    kind = 1 if np.isnan(v) else (3 if np.real(v) < 0 else 2)
+    bad = _entry_text(names[i], x.shape, e, kind)
+    raise ValueError(f"the initial state y0 is not finite: {bad}; {_FIX_Y0}.")
+
+
+@jax.jit
+def _finite_flags(leaves):
+    return jnp.stack([jnp.isfinite(jnp.sum(x - x)) for x in leaves])
