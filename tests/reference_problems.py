@@ -2,7 +2,7 @@
 
 A problem's right-hand side is ``rhs(t, y, p, m)``: ``t`` a scalar time, ``y`` the state vector,
 ``p`` the parameter vector, and ``m`` a small math namespace (:data:`JNP` or :data:`CASADI`)
-that supplies ``sin, cos, exp, log, sqrt, tanh`` and ``stack`` (a list of scalars -> a vector).
+that supplies ``sin, cos, exp, log, sqrt, tanh, abs`` and ``stack`` (a list of scalars -> a vector).
 Written against ``m``, the same function yields a JAX right-hand side (:func:`jax_rhs`) and a
 CasADi symbolic one (:func:`casadi_rhs`), so the CVODES reference in :mod:`tests.cvodes`
 integrates exactly the equations the JAX code under test integrates.
@@ -55,6 +55,7 @@ def _make_jnp_namespace() -> SimpleNamespace:
         log=jnp.log,
         sqrt=jnp.sqrt,
         tanh=jnp.tanh,
+        abs=jnp.abs,
         stack=lambda xs: jnp.stack([jnp.asarray(x) for x in xs]),
     )
 
@@ -70,6 +71,7 @@ def _make_casadi_namespace() -> SimpleNamespace:
         log=ca.log,
         sqrt=ca.sqrt,
         tanh=ca.tanh,
+        abs=ca.fabs,
         stack=lambda xs: ca.vertcat(*xs),
     )
 
@@ -103,6 +105,7 @@ NUMPY = SimpleNamespace(
     log=np.log,
     sqrt=np.sqrt,
     tanh=np.tanh,
+    abs=np.abs,
     stack=lambda xs: np.array(xs, dtype=np.float64),
 )
 """Math namespace over NumPy (an independent evaluation of each right-hand side)."""

@@ -320,10 +320,11 @@ def test_seed000_methods_agree(form, index):
 
 
 @slow
-def test_seed000_auto_is_discrete():
+def test_seed000_auto_is_interpolating():
+    """abs() in f: Auto leaves Discrete for Interpolating (see tests/test_kinks.py)."""
     z = seed_z()
     v, g = seed_grad("Auto", "flat", -1)(z)
-    v_ref, g_ref = seed_grad("Discrete", "flat", -1)(z)
+    v_ref, g_ref = seed_grad("Interpolating", "flat", -1)(z)
     assert float(v) == float(v_ref)
     assert rel_err(g, g_ref) < 1e-12
 
@@ -338,13 +339,15 @@ def test_seed000_flat_and_tree_agree():
 
 
 def test_seed000_finite_differences():
-    """A directional derivative by central differences of the (tight) solve itself."""
+    """A directional derivative by central differences of the (tight) solve itself. The
+    error-controlled adjoints only: Discrete holds the steps fixed across the abs() kinks and
+    is off by ~1.5e-4 here (tests/test_kinks.py measures all of them against CVODES)."""
     z = seed_z()
     fn = seed_grad("Discrete", "flat", -1)
     d = jnp.asarray(np.random.default_rng(5).standard_normal(z.shape))
     eps = 1e-5
     fd = (float(fn(z + eps * d)[0]) - float(fn(z - eps * d)[0])) / (2 * eps)
-    for name in ("Discrete", "Backsolve"):
+    for name in ("Backsolve", "Interpolating"):
         dd = float(jnp.sum(seed_grad(name, "flat", -1)(z)[1] * d))
         print(f"\nseed000 directional derivative {name} {dd:.8f} vs central FD {fd:.8f}")
         assert dd == pytest.approx(fd, rel=1e-4)  # FD noise of the adaptive solve ~1e-5

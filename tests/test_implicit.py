@@ -198,6 +198,15 @@ def test_stiff_gradient_matrix(name, solver, adjoint):
     _check_gradient(name, solver, adjoint)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("adjoint", ["Interpolating", "Quadrature"])
+def test_stiff_continuous_adjoints_kvaerno3(monkeypatch, adjoint):
+    """Issue 13: every continuous adjoint with every implicit solver within 1e-4 on Van der Pol
+    (Kvaerno5 and Rodas5 are in the matrix above; ImplicitEuler cannot reach rtol 1e-8)."""
+    monkeypatch.setitem(SOLVERS, "Kvaerno3", og.Kvaerno3)
+    _check_gradient("van_der_pol", "Kvaerno3", adjoint)
+
+
 # --- gradients against finite differences ----------------------------------------------------
 
 

@@ -418,7 +418,9 @@ def while_loop(
             ratio = lax.stop_gradient(control.error_ratio(res.error, y, res.y1))
             ratio = jnp.where(finite & jnp.isfinite(ratio), ratio, jnp.inf)
             accept = (ratio <= 1) & active
-            factor = control.next_factor(ratio, c["ratio_prev"], solver.embedded_order)
+            factor = control.next_factor(
+                ratio, c["ratio_prev"], solver.embedded_order, solver.prev_ratio_floor
+            )
             h_next = h * jnp.where(accept, factor, jnp.minimum(factor, 1.0))
             h_next = jnp.where((accept & last) | ~active, c["h"], h_next)
             ratio_prev = jnp.where(accept, ratio, c["ratio_prev"])
@@ -463,7 +465,9 @@ def while_loop(
         evals = solver.step_evals if res.evals is None else res.evals
         new["evals"] = c["evals"] + jnp.where(active, evals, 0)
         if adaptive:
-            underflow = active & (~accept) & (h_next < floor)
+            # a nan step size (from a non-finite y0 or f at t0) never compares below the floor:
+            # stop on it too, rather than retry it until max_steps
+            underflow = active & (~accept) & ~(h_next >= floor)
             failure = jnp.where(finite, Result.step_size_underflow, Result.nonfinite)
         else:
             underflow = active & ~accept

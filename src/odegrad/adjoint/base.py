@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import jax
 
+from .._kinks import Kink, find_kinks
 from .._loop import LoopOutput, SavePlan, scan_loop, while_loop
 from .._tree import tree_size
 
@@ -52,6 +54,19 @@ class Problem:
 
     def with_args(self, args_diff) -> PyTree:
         return self.combine(args_diff)
+
+    @functools.cached_property
+    def kinks(self) -> tuple[Kink, ...]:
+        """Where ``f``'s Jacobian in the state or the differentiable parameters jumps
+        (:func:`~odegrad._kinks.find_kinks`; read from the jaxpr, nothing runs)."""
+        if self.solver.partitioned:  # f is a pair; its kinks are not looked for
+            return ()
+        return find_kinks(
+            lambda t, y, a: self.f(t, y, self.combine(a)),
+            self.direction * self.tau0,
+            self.y0,
+            self.args_diff,
+        )
 
     def forward(
         self, y0=None, args=None, record: str = "none", record_rows: int | None = None

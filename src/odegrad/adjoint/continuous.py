@@ -56,7 +56,9 @@ def gauss_legendre(n: int):
     """Nodes and weights of ``n``-point Gauss–Legendre quadrature on ``[0, 1]`` (exact to degree
     ``2n - 1``; numpy's ``leggauss`` mapped from ``[-1, 1]``)."""
     x, w = np.polynomial.legendre.leggauss(n)
-    return tuple(0.5 * (x + 1)), tuple(0.5 * w)
+    # Python floats, which JAX treats as weakly typed: numpy's float64 scalars would promote a
+    # float32 solve to float64 under jax_enable_x64
+    return tuple(float(v) for v in 0.5 * (x + 1)), tuple(float(v) for v in 0.5 * w)
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,33 @@
 """Forward sensitivities: ``S = d(saved values)/d(y0, args)`` carried through the forward solve.
 
-The forward pass runs the solve once with a batch of tangents (``jax.vmap`` of ``jax.jvp``), one
-per input direction, so the sensitivities ride along with the state step by step (step sizes are
-constants: the controller sees only the primal). The reverse pass then contracts the output
-cotangents with ``S`` — no backward solve at all. Cost grows with the number of inputs
-``n_y0 + n_args``; it is the fastest method when that number is small.
+Two ways to carry them, one per input direction, then contract the output cotangents with ``S``
+in the reverse pass (no backward solve at all; cost grows with ``n_y0 + n_args``):
+
+* **steps held fixed** (``control_sensitivities=False``): the solve runs once with a batch of
+  tangents (``jax.vmap`` of ``jax.jvp``). Step sizes are constants, the controller sees only the
+  state: this is the exact derivative of the discretised solve, as :class:`Discrete`.
+* **sensitivities under error control** (``True``; CVODES' ``errconS``): the solve integrates
+  the augmented system ``y' = f``, ``S' = (df/dy) S + df/dp`` and the controller's error norm is
+  ``max(||e_y||, max_i ||e_S_i||)``, so ``S`` is the ODE's sensitivity to the tolerance. Where
+  ``f``'s Jacobian jumps (``abs``, ``max``, ``relu``, ``where``: see :mod:`odegrad._kinks`) the
+  first way is off by ``O(sqrt(tol))`` and this one is not (Hindmarsh et al., "SUNDIALS",
+  ACM TOMS 31(3), 2005, section 4 on ``errconS``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.flatten_util import ravel_pytree
 
-from .._loop import LoopOutput
+from .._kinks import describe_kinks
+from .._loop import LoopOutput, RuntimeGrid
+from .._tree import tree_size
 from .base import AbstractAdjoint, Problem, call_custom_vjp
 
 
@@ -28,15 +38,48 @@ class Forward(AbstractAdjoint):
     Memory is ``O(outputs * inputs)``; compute is one solve with ``inputs`` extra tangent lanes.
     Also the method to use for ``jax.jvp`` / ``jax.jacfwd`` through adaptive solves.
 
+    ``control_sensitivities``: put the sensitivities under the step-size controller's error
+    control (see the module docstring). ``None`` (default) does so when ``f`` has kinks and the
+    steps are adaptive with an explicit solver; ``True`` whenever the steps are adaptive and the
+    solver explicit; ``False`` never (the exact derivative of the discretised solve).
+
     Example:
         >>> og.solve(f, y0, (0.0, 10.0), params, adjoint=og.Forward())
     """
 
+    control_sensitivities: bool | None = None
+
+    def controls(self, problem: Problem) -> tuple[bool, str]:
+        """Whether the sensitivities are under error control here, and why, in words."""
+        if problem.grid is not None or isinstance(problem.control, RuntimeGrid):
+            return False, "steps fixed in advance: the derivative of the discretised solve"
+        if self.control_sensitivities is False:
+            return False, "steps held fixed (control_sensitivities=False)"
+        if problem.solver.partitioned or getattr(problem.solver, "implicit", False):
+            why = "implicit" if getattr(problem.solver, "implicit", False) else "partitioned"
+            return False, (
+                f"steps held fixed: the {why} solver {problem.solver!r} differentiates its own "
+                "steps (error control of the sensitivities is for explicit solvers)"
+            )
+        if problem.plan.dense:
+            return False, "steps held fixed: SaveAt(dense=True) needs the state's own steps"
+        if self.control_sensitivities:
+            return True, "sensitivities under error control (control_sensitivities=True)"
+        if problem.kinks:
+            return True, (
+                f"sensitivities under error control, because f's Jacobian jumps "
+                f"({describe_kinks(problem.kinks)})"
+            )
+        return False, "steps held fixed: f is smooth, the derivative of the discretised solve"
+
     def describe(self, problem: Problem) -> str:
-        n_in = _input_size(problem)
-        return f"Forward() with {n_in} sensitivity directions"
+        return (
+            f"Forward() with {_input_size(problem)} sensitivity directions; "
+            + (self.controls(problem)[1])
+        )
 
     def run(self, problem: Problem) -> LoopOutput:
+        controlled = self.controls(problem)[0]
         problem = problem.without_scan_tap()
         # the save buffer carries one lane per direction under the vmap below
         problem = dataclasses.replace(
@@ -81,8 +124,13 @@ class Forward(AbstractAdjoint):
                 return jax.jvp(lambda x_: primal(*rebuild(x_)), (x,), (v,))
 
             basis = jnp.eye(x.size, dtype=x.dtype if x.size else jnp.float32)
-            out, sens = jax.vmap(tangent, out_axes=(None, 0))(basis)
-            sens = differentiable(sens)  # leading axis: input direction
+            if controlled:
+                y0_, args_ = rebuild(x)
+                dy0, dargs = jax.vmap(lambda v: jax.jvp(rebuild, (x,), (v,))[1])(basis)
+                out, sens = _augmented_solve(problem, y0_, args_, dy0, dargs)
+            else:
+                out, sens = jax.vmap(tangent, out_axes=(None, 0))(basis)
+                sens = differentiable(sens)  # leading axis: input direction
             return out, (sens, out.stats["accepted"], x)
 
         def solve_bwd(res, ct: LoopOutput):
@@ -119,6 +167,90 @@ class Forward(AbstractAdjoint):
 
         solve.defvjp(solve_fwd, solve_bwd, symbolic_zeros=True)
         return call_custom_vjp(solve, primal, problem.y0, problem.args_diff)
+
+
+def _augmented_solve(problem: Problem, y0, args_diff, dy0, dargs):
+    """Solve ``(y, S)`` with ``S' = (df/dy) S + (df/dp) dp`` under one error control.
+
+    Returns the state's :class:`LoopOutput` and the sensitivities of ``(y1, ts_ys, steps_ys)``,
+    input direction leading. ``dy0``, ``dargs``: the directions (leading axis) in ``y0``/``args``.
+    """
+    f, fn, combine = problem.f, problem.plan.fn, problem.combine
+
+    def directional(g, y, ad, s_y):
+        """``g(y, ad)`` and its derivative along each direction ``(s_y[i], dargs[i])``."""
+        return jax.vmap(lambda s, d: jax.jvp(g, (y, ad), (s, d)), out_axes=(None, 0))(s_y, dargs)
+
+    def f_aug(t, y_s, ad):
+        return directional(lambda y, a: f(t, y, combine(a)), y_s[0], ad, y_s[1])
+
+    def fn_aug(tau, y_s, ad):
+        return directional(lambda y, a: fn(tau, y, combine(a)), y_s[0], ad, y_s[1])
+
+    aug = dataclasses.replace(
+        problem,
+        f=f_aug,
+        y0=(y0, dy0),
+        args=args_diff,
+        args_diff=args_diff,
+        combine=lambda a: a,
+        control=_SensitivityNorm(problem.control, tree_size(y0)),
+        plan=dataclasses.replace(problem.plan, fn=fn_aug, fn_reads_args=True),
+    )
+    out = aug.forward()
+    n_rows = out.stats["accepted"]
+
+    def leading(tree, rows=None):
+        """Direction axis first; rows past the last step (padding) carry no sensitivity."""
+        if tree is None:
+            return None
+        tree = jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0), tree)
+        if rows is None:
+            return tree
+        return jax.tree.map(
+            lambda x: jnp.where(
+                (jnp.arange(x.shape[1]) < rows).reshape(1, -1, *[1] * (x.ndim - 2)), x, 0
+            ),
+            tree,
+        )
+
+    def first(pair):
+        return None if pair is None else pair[0]
+
+    def second(pair):
+        return None if pair is None else pair[1]
+
+    sens = (out.y1[1], leading(second(out.ts_ys)), leading(second(out.steps_ys), n_rows))
+    out = out._replace(
+        y1=out.y1[0], ts_ys=first(out.ts_ys), steps_ys=first(out.steps_ys), record={}
+    )
+    return out, sens
+
+
+@dataclass(frozen=True)
+class _SensitivityNorm:
+    """An :class:`~odegrad.Adaptive` controller over ``(y, S)`` whose error ratio is the largest
+    of the state's and each direction's (CVODES' ``errconS``); the first step is the state's."""
+
+    base: Any
+    n_state: int
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def error_ratio(self, err, y0, y1):
+        ratio = self.base.error_ratio(err[0], y0[0], y1[0])
+        num = 0.0
+        for e, a, b in zip(*(jax.tree.leaves(x[1]) for x in (err, y0, y1)), strict=True):
+            scale = self.base.atol + self.base.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
+            num = num + jnp.sum(jnp.square(e / scale).reshape(e.shape[0], -1), axis=1)
+        per_direction = jnp.sqrt(num / max(self.n_state, 1))
+        return jnp.maximum(ratio, jnp.max(per_direction, initial=0.0))
+
+    def initial_step(self, f, t0, y0, f0, args, order, span):
+        return self.base.initial_step(
+            lambda t, y, a: f(t, (y, y0[1]), a)[0], t0, y0[0], f0[0], args, order, span
+        )
 
 
 def _is_primal(x) -> bool:

@@ -40,6 +40,8 @@ class AbstractSolver(abc.ABC):
     order: int
     embedded_order: int | None = None
     partitioned: bool = False
+    #: floor on the previous error ratio in the step-size controller (see ``og.Adaptive``)
+    prev_ratio_floor: float = 1e-2
     #: right-hand-side evaluations made by :meth:`init` and by each :meth:`step`.
     init_evals: int = 0
     step_evals: int = 1
