@@ -128,8 +128,9 @@ def odegrad_gradient(case: Case, adjoint) -> np.ndarray:
         gp, gy = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, jnp.asarray(kr.RELU_Y0))
         return np.concatenate([np.asarray(gp[k]).ravel() for k in ("W1", "b1", "W2", "b2")] + [gy])
 
-    f, y0, t_span, ts, pick, z = _seed_setup(case)
-    g = jax.jit(jax.grad(lambda z: pick(solve(f, y0, t_span, z, ts).ys)))(z)
+    form = "flat" if case.problem == "seed-flat" else "tree"
+    fn = kr.seed000_value_and_grad(adjoint, form, case.index, case.dtype, case.tol)
+    g = fn(jnp.asarray(kr.seed000_z(), case.dtype))[1]
     return np.asarray(g, dtype=np.float64).ravel()
 
 

@@ -289,6 +289,40 @@ def seed000_f_tree(t, ca, z):
     return _seed_rates(ca[1], z)
 
 
+@functools.cache
+def seed000_value_and_grad(adjoint, form="flat", index=-1, dtype_name="float64", tol=1e-10):
+    """The jitted ``z -> (L, dL/dz)`` of odegrad's solve of the seed, ``L = ys[index][0]``: Tsit5
+    at ``rtol = atol = tol``, saves at ``SEED_TS``, ``form`` "flat" (``[c; a]``) or "tree"
+    (``(c, a)``). Cached per argument set, so tests share compiled functions."""
+    import jax
+    import jax.numpy as jnp
+
+    import odegrad as og
+
+    dtype = jnp.dtype(dtype_name)
+    ts = jnp.asarray(SEED_TS, dtype)
+    if form == "flat":
+        f, y0 = seed000_f_flat, jnp.concatenate([jnp.zeros(1, dtype), jnp.ones(SEED_M, dtype)])
+    else:
+        f, y0 = seed000_f_tree, (jnp.zeros((), dtype), jnp.ones(SEED_M, dtype))
+
+    def cost(z):
+        sol = og.solve(
+            f,
+            y0,
+            (jnp.asarray(0.0, dtype), jnp.asarray(2.0, dtype)),
+            z,
+            solver=og.Tsit5(),
+            step=og.Adaptive(rtol=tol, atol=tol),
+            saveat=og.SaveAt(ts=ts),
+            adjoint=adjoint,
+            max_steps=100_000,
+        )
+        return sol.ys[index][0] if form == "flat" else sol.ys[0][index]
+
+    return jax.jit(jax.value_and_grad(cost))
+
+
 def _seed_make_rhs(signs):
     # |Ka_j| and |a_j Ka_j / z| share the sign of Ka_j (a > 0 and z > 0 on the trajectory)
     def rhs(t, y, p, m):

@@ -30,9 +30,11 @@ import pytest  # noqa: E402
 import odegrad as og  # noqa: E402
 
 try:  # tests/ on sys.path (pytest's default rootdir-relative import)
+    import kink_references as kr
     from cvodes import cvodes_gradient, cvodes_solve
     from reference_problems import get_problem, jax_rhs
 except ImportError:  # tests imported as a package
+    from tests import kink_references as kr
     from tests.cvodes import cvodes_gradient, cvodes_solve
     from tests.reference_problems import get_problem, jax_rhs
 
@@ -236,63 +238,18 @@ def test_heat_equation_backsolve_never_silently_wrong():
 # --------------------------------------------------------------------------------------------
 # 3. seed 000: mixed scalar + vector state, abs() kinks
 
-SEED_N, SEED_M = 16, 32
-SEED_TS = np.linspace(0.0, 2.0, 21)
+SEED_M, SEED_TS = kr.SEED_M, kr.SEED_TS
 
 
 def seed_z(dtype=jnp.float64):
-    return jnp.asarray(np.random.default_rng(1234).standard_normal((SEED_N, SEED_M)), dtype)
+    return jnp.asarray(kr.seed000_z(), dtype)
 
 
-def _seed_rates(a, z):
-    a_unit = a / jnp.sum(a)
-    w_unit = z @ a_unit
-    ka_unit = z.T @ w_unit
-    z_unit = jnp.dot(jnp.abs(ka_unit), a_unit)
-    aka = a * ka_unit / z_unit
-    return jnp.sum(aka) / SEED_M, -jnp.abs(aka)
-
-
-def seed_f_flat(t, ca, z):
-    dc, da = _seed_rates(ca[1:], z)
-    return jnp.concatenate([dc[None], da])
-
-
-def seed_f_tree(t, ca, z):
-    return _seed_rates(ca[1], z)
-
-
-@functools.cache
 def seed_grad(adjoint_name: str, form: str, index: int, dtype_name: str = "float64"):
-    dtype = jnp.dtype(dtype_name)
     # tight: at 1e-9 the abs() kinks leave the discrete gradient ~2e-3 off (1e-11: ~1e-6)
-    tol = 1e-11 if dtype == jnp.float64 else 1e-6
+    tol = 1e-11 if jnp.dtype(dtype_name) == jnp.float64 else 1e-6
     adjoint = og.Discrete() if adjoint_name == "Discrete" else ADJOINTS[adjoint_name]
-    ts = jnp.asarray(SEED_TS, dtype)
-    if form == "flat":
-        f = seed_f_flat
-        y0 = jnp.concatenate([jnp.zeros(1, dtype), jnp.ones(SEED_M, dtype)])
-    else:
-        f = seed_f_tree
-        y0 = (jnp.zeros((), dtype), jnp.ones(SEED_M, dtype))
-
-    def cost(z):
-        sol = og.solve(
-            f,
-            y0,
-            (jnp.asarray(0.0, dtype), jnp.asarray(2.0, dtype)),
-            z,
-            solver=og.Tsit5(),
-            step=og.Adaptive(rtol=tol, atol=tol),
-            saveat=og.SaveAt(ts=ts),
-            adjoint=adjoint,
-            max_steps=100_000,
-        )
-        if form == "flat":
-            return sol.ys[index][0]
-        return sol.ys[0][index]
-
-    return jax.jit(jax.value_and_grad(cost))
+    return kr.seed000_value_and_grad(adjoint, form, index, dtype_name, tol)
 
 
 SEED_CASES = [

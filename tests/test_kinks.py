@@ -250,27 +250,8 @@ def _rel(g, ref) -> float:
 
 
 def _seed_gradient(adjoint, form="flat", index=-1, dtype=jnp.float64, tol=1e-10):
-    ts = jnp.asarray(kr.SEED_TS, dtype)
-    if form == "flat":
-        f, y0 = kr.seed000_f_flat, jnp.concatenate([jnp.zeros(1, dtype), jnp.ones(32, dtype)])
-    else:
-        f, y0 = kr.seed000_f_tree, (jnp.zeros((), dtype), jnp.ones(32, dtype))
-
-    def cost(z):
-        sol = og.solve(
-            f,
-            y0,
-            (jnp.asarray(0.0, dtype), jnp.asarray(2.0, dtype)),
-            z,
-            solver=og.Tsit5(),
-            step=og.Adaptive(rtol=tol, atol=tol),
-            saveat=og.SaveAt(ts=ts),
-            adjoint=adjoint,
-            max_steps=100_000,
-        )
-        return sol.ys[index][0] if form == "flat" else sol.ys[0][index]
-
-    return jax.jit(jax.grad(cost))(jnp.asarray(kr.seed000_z(), dtype))
+    fn = kr.seed000_value_and_grad(adjoint, form, index, jnp.dtype(dtype).name, tol)
+    return fn(jnp.asarray(kr.seed000_z(), dtype))[1]
 
 
 SEED_CASES = [
