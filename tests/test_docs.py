@@ -79,3 +79,16 @@ def test_example_neural_ode():
     pytest.importorskip("optax")
     out = _run_example("neural_ode.py")
     assert "final loss on all 256 trajectories" in out
+
+
+def test_example_bouncing_ball():
+    """Issue 14: restitution and drop height fitted through the bounces (about 10 s); the
+    fit must land near the truth, not merely run."""
+    pytest.importorskip("optax")
+    out = _run_example("bouncing_ball.py")
+    fitted = {
+        line.split()[0].rstrip(":"): float(line.split()[2].rstrip(","))
+        for line in out.splitlines()
+        if "fitted" in line
+    }
+    assert abs(fitted["h0"] - 1.2) < 0.05 and abs(fitted["e"] - 0.8) < 0.03, out

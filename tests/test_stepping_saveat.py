@@ -352,6 +352,7 @@ def test_result_codes():
         "nonfinite",
         "nonfinite_y0",
         "nonfinite_f0",
+        "max_events_reached",
     ]
     sol = jax.jit(lambda y: og.solve(blowup, y, (0.0, 0.5)))(jnp.asarray(1.0))
     assert int(sol.result) == og.Result.success

@@ -1,6 +1,7 @@
 """odegrad: gradients of differential-equation solutions in JAX."""
 
 from . import solvers, stencil
+from ._events import Event, EventLog
 from ._saveat import SaveAt
 from ._scaleout import ensemble
 from ._solution import Result, Solution
@@ -55,6 +56,8 @@ __all__ = [
     "Dopri5",
     "Dopri8",
     "Euler",
+    "Event",
+    "EventLog",
     "ExplicitRK",
     "Fixed",
     "Forward",

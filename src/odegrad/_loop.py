@@ -22,6 +22,7 @@ import numpy as np
 from jax import lax
 
 from ._batching import any_member
+from ._events import EventLog, EventSet
 from ._progress import chunked_scan
 from ._solution import Result
 from ._tree import tree_all_finite, tree_bytes, tree_where
@@ -63,6 +64,7 @@ class LoopOutput(NamedTuple):
     fail_step: Any
     record: dict  # what the adjoint asked the loop to keep
     accumulated: Any = None
+    events: Any = None  # an EventLog (real time), when the solve has events
 
 
 def _fill(tree, n, value=jnp.inf):
@@ -298,9 +300,12 @@ def _first_nonfinite(steps_rows, step_times, ts_rows, save_times):
 
 
 class RuntimeGrid(NamedTuple):
-    """A fixed step whose count is only known at run time: ``n`` equal steps over the span."""
+    """Steps fixed in advance, taken by the while loop: ``n`` equal steps over the span (a count
+    known only at run time), or the points of ``grid`` (forward time) when given, which a solve
+    with events steps through (an event ends a step early; the next one resumes the grid)."""
 
     n: Any
+    grid: Any = None
 
 
 def while_loop(
@@ -317,13 +322,15 @@ def while_loop(
     s=1.0,
     progress=None,
     record_rows: int | None = None,
+    events: EventSet | None = None,
 ) -> LoopOutput:
     """Integrate from ``tau0`` to ``tau1 > tau0`` in one ``lax.while_loop``.
 
     ``control`` is an :class:`~odegrad.Adaptive` or a :class:`RuntimeGrid`. ``record`` keeps what
     an adjoint needs: ``"times"`` (every accepted step's start and size), ``"y"`` (also the
     starting state of every accepted step, or of the first ``record_rows``) or ``"all"`` (also
-    its solver state).
+    its solver state). ``events``: see :mod:`odegrad._events`; with a record, each step also
+    records the event log row it ended with (``-1``: none) and where in the step (``theta``).
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
@@ -355,6 +362,16 @@ def while_loop(
         "evals": jnp.asarray(0),  # rhs evaluations of all attempted steps
         "result": jnp.asarray(int(Result.success), jnp.int32),
     }
+    if not adaptive:
+        c["grid_k"] = jnp.asarray(1)  # the grid point the next step aims at
+    if events is not None:
+        n_ev = events.max_events
+        c["ev_c"] = events.values(s * tau0, y0, args)
+        c["ev_ts"] = jnp.full((n_ev,), jnp.inf, tdtype)
+        c["ev_which"] = jnp.full((n_ev,), -1, jnp.int32)
+        c["ev_ys"] = _fill(y0, n_ev)
+        c["ev_count"] = jnp.asarray(0)
+        c["done"] = jnp.asarray(False)  # a terminal event fired
     if plan.ts is not None:
         n_ts = plan.ts.shape[0]
         row = jax.eval_shape(plan.fn, tau0, y0, args)
@@ -389,11 +406,21 @@ def while_loop(
         c["rec_y"] = _fill(y0, rows, 0.0)
     if record == "all":
         c["rec_st"] = _fill(solver.compact_state(st0), rows, 0.0)
+    if events is not None and record != "none":
+        c["rec_ev"] = jnp.full((max_steps,), -1, jnp.int32)
+        c["rec_theta"] = jnp.ones((max_steps,), tdtype)
     if progress is not None:
         c["reported"] = jnp.asarray(-1, jnp.int32)
 
     def running(c):
-        return (c["t"] < tau1) & (c["result"] == Result.success) & (c["n"] < max_steps)
+        go = (c["t"] < tau1) & (c["result"] == Result.success) & (c["n"] < max_steps)
+        return go if events is None else go & ~c["done"]
+
+    def target(k):
+        """The grid point a fixed step aims at."""
+        if control.grid is not None:
+            return jnp.where(k >= control.n, tau1, control.grid[jnp.minimum(k, control.n)])
+        return jnp.where(k >= control.n, tau1, tau0 + k * h0)
 
     # Under vmap the loop runs while any member runs (an unbatched predicate), and a finished
     # member's body changes nothing: a batched predicate would make JAX select between the old
@@ -409,7 +436,7 @@ def while_loop(
             cap = solver.max_step(st)  # a solver's stable step limit (stabilized.py), or None
             h = jnp.minimum(c["h"] if cap is None else jnp.minimum(c["h"], cap), remaining)
         else:
-            h = jnp.where(c["acc"] + 1 >= control.n, remaining, tau0 + (c["acc"] + 1) * c["h"] - t)
+            h = jnp.where(c["grid_k"] >= control.n, remaining, target(c["grid_k"]) - t)
         last = h >= remaining
         res = solver.step(f, s * t, s * h, y, args, st)
         finite = tree_all_finite(res.y1)
@@ -428,9 +455,29 @@ def while_loop(
             accept = finite & active
             h_next, ratio_prev = c["h"], c["ratio_prev"]
         t_new = jnp.where(last, tau1, t + h)
+        y1, st1 = res.y1, res.state
+        new = dict(c)
+        if events is not None:
+            ev = _step_events(events, solver, f, args, s, t, h, t_new, res, c, accept)
+            accept = accept & ~ev.overflow
+            t_new = jnp.where(ev.fired, ev.tau, t_new)
+            y1 = tree_where(ev.fired, ev.y_plus, y1)
+            st1 = tree_where(ev.fired, ev.state, st1)
+            row = jnp.where(ev.fired, c["ev_count"], n_ev)  # out of range: no write
+            new["ev_ts"] = c["ev_ts"].at[row].set(ev.t_star, mode="drop")
+            new["ev_which"] = c["ev_which"].at[row].set(ev.which, mode="drop")
+            new["ev_ys"] = _set_row(c["ev_ys"], row, ev.y_minus)
+            new["ev_count"] = c["ev_count"] + ev.fired
+            new["ev_c"] = jnp.where(accept, ev.values, c["ev_c"])
+            new["done"] = c["done"] | (ev.fired & ev.terminal)
+            saved_y = tree_where(ev.fired, ev.y_minus, res.y1)
+        else:
+            saved_y = res.y1
+        if not adaptive:
+            fired = False if events is None else ev.fired
+            new["grid_k"] = c["grid_k"] + (accept & ~fired)
         acc = c["acc"]
         drop = jnp.where(accept, acc, max_steps)  # row index, out of range when rejected
-        new = dict(c)
         if plan.ts is not None:
             j_end = jnp.where(accept, _count_at_or_before(plan.ts, t_new), c["j"])
             new["j"], new["ts_buf"] = save_in_step(
@@ -438,7 +485,7 @@ def while_loop(
             )
         if plan.steps:
             new["steps_t"] = c["steps_t"].at[drop].set(t_new, mode="drop")
-            new["steps_y"] = _set_row(c["steps_y"], drop, plan.fn(t_new, res.y1, args))
+            new["steps_y"] = _set_row(c["steps_y"], drop, plan.fn(t_new, saved_y, args))
         if "starts" in c:
             new["starts"] = (
                 c["starts"].at[jnp.where(accept, acc + 1, max_steps + 1)].set(t_new, mode="drop")
@@ -455,14 +502,19 @@ def while_loop(
             new["rec_y"] = _set_row(c["rec_y"], drop, y)
         if "rec_st" in c:
             new["rec_st"] = _set_row(c["rec_st"], drop, solver.compact_state(st))
+        if "rec_ev" in c:
+            new["rec_ev"] = c["rec_ev"].at[drop].set(jnp.where(ev.fired, row, -1), mode="drop")
+            new["rec_theta"] = c["rec_theta"].at[drop].set(ev.theta, mode="drop")
         new["t"] = jnp.where(accept, t_new, t)
-        new["y"] = tree_where(accept, res.y1, y)
-        new["st"] = tree_where(accept, res.state, st)
+        new["y"] = tree_where(accept, y1, y)
+        new["st"] = tree_where(accept, st1, st)
         new["h"] = h_next
         new["ratio_prev"] = ratio_prev
         new["n"] = c["n"] + active
         new["acc"] = acc + accept.astype(acc.dtype)
         evals = solver.step_evals if res.evals is None else res.evals
+        if events is not None:  # the solver restarts after a jump (FSAL: one evaluation)
+            evals = evals + jnp.where(ev.fired & ~ev.terminal, solver.init_evals, 0)
         new["evals"] = c["evals"] + jnp.where(active, evals, 0)
         if adaptive:
             # a nan step size (from a non-finite y0 or f at t0) never compares below the floor:
@@ -472,6 +524,9 @@ def while_loop(
         else:
             underflow = active & ~accept
             failure = jnp.asarray(Result.nonfinite)
+        if events is not None:
+            underflow = underflow | ev.overflow
+            failure = jnp.where(ev.overflow, Result.max_events_reached, failure)
         new["result"] = jnp.where(underflow, failure, c["result"]).astype(jnp.int32)
         if progress is not None:
             new["reported"] = progress.forward.advance((new["t"] - tau0) / span, c["reported"])
@@ -479,6 +534,14 @@ def while_loop(
 
     c = lax.while_loop(cond, body, c)
     unfinished = (c["result"] == Result.success) & (c["t"] < tau1)
+    t1 = c["t"]
+    log = None
+    if events is not None:
+        unfinished = unfinished & ~c["done"]
+        log = EventLog(c["ev_ts"], c["ev_which"], c["ev_ys"], c["ev_count"])
+        # a terminal event's time, differentiable (the carried time is a constant)
+        last = c["ev_ts"][jnp.maximum(c["ev_count"] - 1, 0)]
+        t1 = jnp.where(c["done"], s * last, t1)
     result = jnp.where(unfinished, Result.max_steps_reached, c["result"]).astype(jnp.int32)
     stats = {
         "steps": c["n"],
@@ -496,9 +559,11 @@ def while_loop(
         rec["y"] = c["rec_y"]
     if "rec_st" in c:
         rec["st"] = c["rec_st"]
+    if "rec_ev" in c:
+        rec["ev"], rec["theta"] = c["rec_ev"], c["rec_theta"]
     return LoopOutput(
         y1=c["y"],
-        t1=c["t"],
+        t1=t1,
         ts_ys=None if plan.ts is None else chunked_join(c["ts_buf"]),
         steps_ts=c.get("steps_t"),
         steps_ys=c.get("steps_y"),
@@ -509,12 +574,77 @@ def while_loop(
         fail_step=c["n"],
         record=rec,
         accumulated=c.get("acc_sum"),
+        events=log,
     )
 
 
-def dense_evaluate(solver, dense, tau):
-    """The state at forward time ``tau`` from a loop's dense output ``(starts, sizes, data, n)``."""
+class _StepEvents(NamedTuple):
+    fired: Any  # an event ended this step
+    overflow: Any  # ... but the log was full
+    theta: Any  # where in the step (1 without an event)
+    which: Any
+    terminal: Any
+    tau: Any  # forward time of the event (a constant)
+    t_star: Any  # real time of the event, differentiable
+    y_minus: Any
+    y_plus: Any
+    state: Any  # the solver's state restarted at (t*, y+)
+    values: Any  # every cond at the step's new end
+
+
+def _step_events(events: EventSet, solver, f, args, s, t, h, t_end, res, c, accept):
+    """Detect, locate and apply the first event of an accepted step ``[t, t + h]`` (tau).
+
+    The location runs in a branch taken only when some member of the batch crossed."""
+    after = events.values(s * t_end, res.y1, args)
+    crossed = events.crossed(c["ev_c"], after) & accept
+    fired = jnp.any(crossed)
+
+    def located(_):
+        interpolate = lambda theta: solver.interpolate(res.dense, theta)
+        theta, which = events.locate(interpolate, s, t, h, args, c["ev_c"], after, crossed)
+        theta = jnp.where(fired, theta, 1.0)  # members that did not fire compute, then discard
+        tau = jnp.where(theta >= 1, t_end, t + theta * h)
+        t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args)
+        terminal = events.is_terminal(which)
+        state = solver.init(f, s * tau, y_plus, args)
+        # the event that fired restarts on cond = 0: it leaves with the sign of cond's rate
+        # (times the step, as a scale for the next location), not a second firing at zero
+        leaving = s * events.rate(which, s * tau, y_plus, args) * h
+        values = events.values(s * tau, y_plus, args)
+        values = values.at[which].set(leaving.astype(values.dtype))
+        return theta, which.astype(jnp.int32), terminal, tau, t_star, y_minus, y_plus, state, values
+
+    def quiet(_):
+        return (
+            jnp.ones_like(h),
+            jnp.asarray(0, jnp.int32),
+            jnp.asarray(False),
+            t_end,
+            s * t_end,
+            res.y1,
+            res.y1,
+            res.state,
+            after,
+        )
+
+    theta, which, terminal, tau, t_star, y_minus, y_plus, state, values = lax.cond(
+        any_member(fired), located, quiet, None
+    )
+    which = which.astype(jnp.int32)
+    overflow = fired & (c["ev_count"] >= events.max_events)
+    fired = fired & ~overflow
+    values = jnp.where(fired, values, after)
+    return _StepEvents(
+        fired, overflow, theta, which, terminal & fired, tau, t_star, y_minus, y_plus, state, values
+    )
+
+
+def dense_evaluate(solver, dense, tau, side: str = "right"):
+    """The state at forward time ``tau`` from a loop's dense output ``(starts, sizes, data, n)``;
+    at a step boundary, from the step that starts there (``side="right"``) or ends there
+    (``"left"``: the state just before an event's jump)."""
     starts, sizes, data, n = dense
-    k = jnp.clip(jnp.searchsorted(starts, tau, side="right") - 1, 0, n - 1)
+    k = jnp.clip(jnp.searchsorted(starts, tau, side=side) - 1, 0, n - 1)
     theta = (tau - starts[k]) / sizes[k]
     return solver.interpolate(jax.tree.map(lambda x: x[k], data), theta)

@@ -33,6 +33,7 @@ class Result(enum.IntEnum):
     nonfinite = 3
     nonfinite_y0 = 4
     nonfinite_f0 = 5
+    max_events_reached = 6
 
     @property
     def message(self) -> str:
@@ -58,6 +59,10 @@ _MESSAGES = {
         "the initial derivative f(t0, y0, args) is not finite (inf/nan) while y0 is; check args "
         "and the right-hand side f at t0"
     ),
+    Result.max_events_reached: (
+        "more events happened than max_events allows (the solve stopped at the first one that "
+        "did not fit); pass a larger max_events"
+    ),
 }
 
 
@@ -71,26 +76,28 @@ class Solution:
             save axis.
         stats: ``{"steps", "accepted", "rejected", "rhs_evals"}`` as integer arrays.
         result: an integer array holding a :class:`Result`.
+        events: the :class:`~odegrad._events.EventLog` (``ts``, ``which``, ``ys``, ``count``)
+            of a solve with ``events=``, else None.
     """
 
-    def __init__(self, ts, ys, stats, result, dense=None, solver=None, direction=1.0):
+    def __init__(self, ts, ys, stats, result, dense=None, solver=None, direction=1.0, events=None):
         self.ts = ts
         self.ys = ys
         self.stats = stats
         self.result = result
+        self.events = events
         self._dense = dense  # (step start times, step sizes, per-step dense data, n_steps)
         self._solver = solver
         self._direction = direction
 
     def tree_flatten(self):
-        return (self.ts, self.ys, self.stats, self.result, self._dense, self._direction), (
-            self._solver,
-        )
+        children = (self.ts, self.ys, self.stats, self.result, self._dense, self._direction)
+        return (*children, self.events), (self._solver,)
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        ts, ys, stats, result, dense, direction = children
-        return cls(ts, ys, stats, result, dense, aux[0], direction)
+        ts, ys, stats, result, dense, direction, events = children
+        return cls(ts, ys, stats, result, dense, aux[0], direction, events)
 
     def evaluate(self, t) -> Any:
         """The solution at time(s) ``t`` from the dense output (needs ``SaveAt(dense=True)``).

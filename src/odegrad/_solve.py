@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -11,6 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._batching import vmap_batch_size
+from ._events import Event, EventSet
+from ._events import check_shapes as check_event_shapes
+from ._events import prepare as prepare_events
 from ._initial import (
     check_concrete_state,
     describe,
@@ -45,6 +48,8 @@ def solve(
     max_steps: int = 4096,
     progress: bool = False,
     throw: bool = True,
+    events: Event | Sequence[Event] | None = None,
+    max_events: int = 64,
 ) -> Solution:
     """Solve ``dy/dt = f(t, y, args)`` from ``t_span[0]`` to ``t_span[1]``.
 
@@ -65,6 +70,9 @@ def solve(
         progress: show a progress bar (tqdm) for the forward solve and the reverse pass.
         throw: raise on failure; ``False`` returns ``sol.result`` instead, keeping what was
             saved before the failure.
+        events: an :class:`~odegrad.Event` or a sequence of them: zero crossings located on
+            the dense output that end the solve or make the state jump (``sol.events``).
+        max_events: rows of ``sol.events``; more events are a failure (``throw``).
 
     Returns:
         A :class:`~odegrad.Solution`.
@@ -81,11 +89,13 @@ def solve(
     mesh = explicit_mesh((y0, args, t_span))
     if mesh is not None:  # sharded over a mesh with Explicit axes: see _scaleout.py
         kw = dict(solver=solver, step=step, saveat=saveat, adjoint=adjoint, max_steps=max_steps)
-        kw.update(progress=progress, throw=throw)
+        kw.update(progress=progress, throw=throw, events=events, max_events=max_events)
         return on_auto_axes(lambda y, a, ts: solve(f, y, ts, a, **kw), mesh, y0, args, t_span)
     adjoint = Auto() if adjoint is None else adjoint
     y0_user = y0
-    problem, ctx = _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps)
+    problem, ctx = _build_problem(
+        f, y0, t_span, args, solver, step, saveat, adjoint, max_steps, events, max_events
+    )
     saveat, s, t0, ts_tau, fn_tau, args_ext, y0 = ctx
     if throw:
         check_concrete_state(y0, state_names(y0_user))
@@ -126,19 +136,23 @@ def solve(
             initial = code != out.result
             return jnp.where(initial, t0, s * tau), jnp.where(initial, 0, step_), code, info
 
-        outputs = (ts, ys, out.stats, out.result, out.dense)
+        outputs = (ts, ys, out.stats, out.result, out.dense, out.events)
         outputs = check_result(outputs, out.result, locate, describe(problem, y0_user, args))
     else:
-        outputs = (ts, ys, out.stats, refined_result(problem, out, y_start), out.dense)
-    return Solution(*outputs, problem.solver, s)
+        outputs = (ts, ys, out.stats, refined_result(problem, out, y_start), out.dense, out.events)
+    *outputs, log = outputs
+    return Solution(*outputs, problem.solver, s, log)
 
 
-def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps):
+def _build_problem(
+    f, y0, t_span, args, solver, step, saveat, adjoint, max_steps, events=None, max_events=64
+):
     """Check every input and normalise the solve into a :class:`Problem` in forward time."""
     solver = Tsit5() if solver is None else solver
     step = Adaptive() if step is None else step
     saveat = SaveAt(t1=True) if saveat is None else saveat
     _check_types(f, solver, step, saveat, adjoint, max_steps)
+    events = prepare_events(events, max_events)
 
     y0 = _as_state(y0)
     tdtype = jnp.result_type(*jax.tree.leaves(y0))
@@ -152,13 +166,16 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
     _check_rhs(f, solver, t0, y0, arrays)
 
     grid, control = _grid(step, solver, t0, t1, s, tdtype, max_steps)
+    if events and grid is not None:  # an event ends a step early: the while loop's grid
+        control, grid = RuntimeGrid(grid.shape[0] - 1, jnp.asarray(grid, tdtype)), None
     ts_tau = None if saveat.ts is None else _check_save_ts(saveat.ts, t0, t1, s, tdtype)
 
     # Move arrays that f and fn close over into args, so that every adjoint sees them.
     f_args, f_consts = _closure_convert_rhs(f, solver, t0, y0, arrays)
     fn = saveat.fn if saveat.fn is not None else (lambda t, y, a: y)
     fn_conv, fn_consts = jax.closure_convert(_with_user_args(fn, user_args), t0, y0, arrays)
-    args_ext = (arrays, f_consts, fn_consts)
+    event_fns, ev_consts = _closure_convert_events(events, user_args, t0, y0, arrays)
+    args_ext = (arrays, f_consts, fn_consts, ev_consts)
 
     def fn_tau(tau, y, a):
         return fn_conv(s * tau, y, a[0], *a[2])
@@ -200,6 +217,7 @@ def _build_problem(f, y0, t_span, args, solver, step, saveat, adjoint, max_steps
         batch=batch,
         user_args=lambda a: user_args(a[0]),
         user_arrays=arrays_of,
+        events=_event_set(events, event_fns, f_args, solver.partitioned, max_events),
     )
     return problem, (saveat, s, t0, ts_tau, fn_tau, args_ext, y0)
 
@@ -226,6 +244,8 @@ def explain_adjoint(
         "max_steps",
         "progress",
         "throw",
+        "events",
+        "max_events",
     }
     if unknown:
         raise TypeError(f"explain_adjoint: unexpected arguments {sorted(unknown)}.")
@@ -240,6 +260,8 @@ def explain_adjoint(
         solve_kwargs.get("saveat"),
         adjoint,
         solve_kwargs.get("max_steps", 4096),
+        solve_kwargs.get("events"),
+        solve_kwargs.get("max_events", 64),
     )
     return adjoint.describe(problem)
 
@@ -446,3 +468,41 @@ def _closure_convert_rhs(f, solver, t0, y0, args):
         return (f_u, f_v), (*cu, *cv)
     fc, consts = jax.closure_convert(f, t0, y0, args)
     return (lambda t, y, a: fc(t, y, a[0], *a[1])), tuple(consts)
+
+
+def _closure_convert_events(events, user_args, t0, y0, arrays):
+    """Each event's ``cond`` and ``update`` on the solve's ``args``, with the arrays they close
+    over hoisted into ``args[3]`` (so that every adjoint sees them)."""
+    check_event_shapes(events, t0, y0, arrays, user_args)
+    fns, consts = [], []
+    for i, ev in enumerate(events):
+        pair, pair_consts = [], []
+        for k, fun in enumerate((ev.cond, ev.update)):
+            if fun is None:
+                pair.append(None)
+                pair_consts.append(())
+                continue
+            conv, cs = jax.closure_convert(_with_user_args(fun, user_args), t0, y0, arrays)
+            pair.append(lambda t, y, a, conv=conv, i=i, k=k: conv(t, y, a[0], *a[3][i][k]))
+            pair_consts.append(tuple(cs))
+        fns.append(tuple(pair))
+        consts.append(tuple(pair_consts))
+    return tuple(fns), tuple(consts)
+
+
+def _event_set(events, event_fns, f_args, partitioned, max_events):
+    if not events:
+        return None
+    if partitioned:
+        f_u, f_v = f_args
+        full = lambda t, y, a: (f_u(t, y[1], a), f_v(t, y[0], a))
+    else:
+        full = f_args
+    return EventSet(
+        conds=tuple(c for c, _ in event_fns),
+        updates=tuple(u for _, u in event_fns),
+        terminal=tuple(bool(e.terminal) for e in events),
+        directions=tuple(int(e.direction) for e in events),
+        f=full,
+        max_events=int(max_events),
+    )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import jax
 
 from .._kinks import describe_kinks
-from .._loop import LoopOutput
+from .._loop import LoopOutput, RuntimeGrid
 from .._step import _is_concrete
 from .._tuning import tuning
 from .base import AbstractAdjoint, Problem
@@ -108,7 +108,8 @@ class Auto(AbstractAdjoint):
                 return forward, text
         rtol = getattr(problem.control, "rtol", None)
         loose = rtol is not None and _is_concrete(rtol) and float(rtol) >= self.kink_rtol
-        if steps is None and kinks and not loose:
+        adaptive = steps is None and not isinstance(problem.control, RuntimeGrid)
+        if adaptive and kinks and not loose:
             chosen = Interpolating(memory_budget=self.memory_budget)
             policy = chosen.policy(problem)
             text = (
@@ -136,7 +137,7 @@ class Auto(AbstractAdjoint):
             f"Auto chose Discrete(checkpoints={policy.checkpoints!r}) for {size} and {where}: "
             f"the exact gradient of the discretised solve (step sizes held fixed); {policy.text}."
         ) + stiff
-        if kinks and loose:
+        if kinks and loose and adaptive:
             text += (
                 f" Note: {kinked}; at rtol={float(rtol):g} (>= kink_rtol={self.kink_rtol:g}) "
                 "the error this adds across kinks (about sqrt(tol)) is within a small factor "

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+from jax import lax
 
 from .._kinks import Kink, find_kinks
 from .._loop import LoopOutput, SavePlan, scan_loop, while_loop
@@ -47,6 +49,8 @@ class Problem:
     user_args: Any = None
     #: ``user_arrays(like)``: the array leaves of a pytree shaped like the user's ``args``
     user_arrays: Any = None
+    #: the solve's events (:class:`~odegrad._events.EventSet`), or None
+    events: Any = None
 
     @property
     def static_steps(self) -> int | None:
@@ -91,7 +95,38 @@ class Problem:
             self.direction,
             self.progress,
             record_rows,
+            self.events,
         )
+
+    def replay_event(self, rec, k, starts, res, args):
+        """Recorded step ``k`` again, after its step ``res`` was re-taken: if it ended with an
+        event (``rec["ev"][k]``: the row of ``sol.events``, or -1), the state just after it, the
+        solver state restarted there and ``(t*, y-)``, all differentiable (see
+        :mod:`odegrad._events`); else ``res``'s own ``(y1, state)`` and placeholders."""
+        events, solver, s = self.events, self.solver, self.direction
+        row = rec["ev"][k]
+        which = rec["which"][jnp.maximum(row, 0)]
+
+        def fired(_):
+            z = solver.interpolate(res.dense, rec["theta"][k])
+            t_star, y_minus, y_plus = events.jump(which, s * starts[k + 1], z, args)
+            return y_plus, self.init_state(y_plus, args, starts[k + 1]), (t_star, y_minus)
+
+        def quiet(_):
+            return res.y1, res.state, (s * starts[k + 1], res.y1)
+
+        return lax.cond(row >= 0, fired, quiet, None)
+
+    def event_cotangent(self, row, which, ct):
+        """The cotangents of ``(t*, y-)`` of row ``row`` of ``sol.events`` (zeros for -1),
+        ``sol.ts[-1]``'s included for a terminal event (there ``t1 = direction * t*``);
+        ``which``: the log's event indices."""
+        r = jnp.maximum(row, 0)
+        has = row >= 0
+        terminal = self.events.is_terminal(which[r])
+        ct_t = ct.events.ts[r] + jnp.where(terminal, self.direction * ct.t1, 0)
+        ct_y = jax.tree.map(lambda c: jnp.where(has, c[r], 0), ct.events.ys)
+        return jnp.where(has, ct_t, 0), ct_y
 
     def without_scan_tap(self) -> Problem:
         """This problem for adjoints that define their own reverse pass (no tap in the scan)."""

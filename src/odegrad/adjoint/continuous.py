@@ -101,6 +101,7 @@ class _Continuous(AbstractAdjoint):
 
         def split(out: LoopOutput):
             keep = {"dense": out.dense, "t1": out.t1, "y1": out.y1, "ts_y": None, "steps_y": None}
+            keep["events"] = out.events
             if self.source == "backsolve":
                 if out.ts_ys is not None:
                     keep["ts_y"] = out.ts_ys[1]
@@ -184,7 +185,8 @@ class _Continuous(AbstractAdjoint):
             if self.source == "backsolve":
                 return c["y"]
             dense = keep["dense"] if self.source == "dense" else c["local"]
-            return dense_evaluate(problem.solver, dense, p)
+            # a step's own end, not the next step's start: an event's jump lies between them
+            return dense_evaluate(problem.solver, dense, p, side="left")
 
         def rhs_for(c):
             """d(state)/dp for the backward state z = (a, g[, y]) in forward time p."""
@@ -219,7 +221,26 @@ class _Continuous(AbstractAdjoint):
             """At breakpoint i: reset y (Backsolve), then add the saved value's cotangent."""
             return jump_at(points[i], labels[i], c)
 
+        def event_at(row, c):
+            """The adjoint's jump condition at the event of ``sol.events`` row ``row``: the
+            transpose of :func:`~odegrad._events.jump` (Backsolve resumes from ``y-``)."""
+            log = keep["events"]
+            which, z = log.which[row], jax.tree.map(lambda x: x[row], log.ys)
+            ct_t, ct_y = problem.event_cotangent(row, log.which, ct)
+            _, pull = jax.vjp(
+                lambda z_, a_: problem.events.jump(which, log.ts[row], z_, problem.with_args(a_)),
+                z,
+                args_diff,
+            )
+            cz, ca = pull((ct_t, ct_y, c["a"]))
+            c = {**c, "a": cz, "g": tree_add(c["g"], ca)}
+            if self.source == "backsolve":
+                c["y"] = z
+            return c
+
         def jump_at(p, label, c):
+            if problem.events is not None:  # labels -2 - row mark events
+                c = lax.cond(label <= -2, lambda c_: event_at(-2 - label, c_), lambda c_: c_, c)
             if self.source == "backsolve":
                 c = self._reset(c, label, problem, keep)
             if plan.ts is None and not plan.steps:
@@ -304,8 +325,14 @@ class _Continuous(AbstractAdjoint):
             starts, sizes, n = keep["starts"], keep["sizes"], keep["n"]
         args = problem.with_args(args_diff)
 
+        rec = keep
+        if problem.events is not None:
+            rec = {**keep, "which": keep["events"].which}
+
         def advance(k, x):
             res = problem.step(starts[k], sizes[k], x[0], args, x[1])
+            if problem.events is not None:
+                return problem.replay_event(rec, k, starts, res, args)[:2]
             return res.y1, res.state
 
         def backward(k, x, c):
@@ -315,6 +342,8 @@ class _Continuous(AbstractAdjoint):
             one = jax.tree.map(lambda d: d[None], res.dense)
             c = {**c, "local": (starts[k][None], sizes[k][None], one, 1)}
             hi = starts[k + 1]
+            if problem.events is not None:  # step k ended with an event: jump first
+                c = jump_at(hi, -2 - rec["ev"][k], c)
             if plan.steps:  # row k saved the state at the end of step k
                 c = jump_at(hi, k, c)
             if plan.ts is not None:
@@ -355,7 +384,11 @@ class _Continuous(AbstractAdjoint):
         pieces = [(base, lab)]
         if plan.ts is not None:
             pieces.append((plan.ts, jnp.arange(plan.ts.shape[0])))
+        if problem.events is not None:  # last: at an equal time the jump comes first, backwards
+            log = keep["events"]
+            pieces.append((problem.direction * log.ts, -2 - jnp.arange(log.ts.shape[0])))
         padded = problem.grid is None and (plan.steps or not isinstance(problem.control, Adaptive))
+        padded = padded or problem.events is not None
         if len(pieces) == 1 and not padded:
             return base, lab, base.shape[0]
         if padded:
@@ -368,7 +401,9 @@ class _Continuous(AbstractAdjoint):
         count = pts.shape[0]
         if padded:
             count = jnp.sum(jnp.isfinite(pts))
-        return pts[order], labs[order], count
+        # nothing past where the solve stopped (a terminal event, a failure): the adjoint
+        # starts there
+        return jnp.minimum(pts[order], keep["t1"]), labs[order], count
 
     def _backward_control(self, problem: Problem):
         base = self.step

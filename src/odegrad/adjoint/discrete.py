@@ -129,7 +129,10 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
 
     def solve_fwd(y0, args_diff):
         out = problem.forward(y0, problem.with_args(args_diff), record, record_rows)
-        return strip(out), (y0, args_diff, out.record)
+        rec = out.record
+        if out.events is not None:
+            rec = {**rec, "which": out.events.which}
+        return strip(out), (y0, args_diff, rec)
 
     def solve_bwd(res, ct: LoopOutput):
         y0, args_diff, rec = res
@@ -161,11 +164,16 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             res_ = step_problem.step(starts[k], sizes[k], y, a, st)
             # the dense output is an output of the step only when saves read it: otherwise the
             # reverse step would push zero cotangents through every stage
-            return res_.y1, (res_.state if keep_state else None), (res_.dense if need_dense else ())
+            dense = res_.dense if need_dense else ()
+            y1, st1 = res_.y1, res_.state
+            if problem.events is None:
+                return y1, (st1 if keep_state else None), dense, ()
+            y1, st1, event = problem.replay_event(rec, k, starts, res_, a)
+            return y1, (st1 if keep_state else None), dense, event
 
         def advance(k, x):
             if keep_state:
-                y1, st1, _ = step_fn(k, x[0], x[1], args_diff)
+                y1, st1, *_ = step_fn(k, x[0], x[1], args_diff)
                 return (y1, st1)
             return step_fn(k, x, None, args_diff)[0]
 
@@ -174,9 +182,13 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             if problem.progress is not None:
                 problem.progress.backward.every(k, n, 1 - k / n)
             if keep_state:
-                (y1, _, dense), vjp = jax.vjp(lambda y, s, a: step_fn(k, y, s, a), *x, args_diff)
+                (y1, _, dense, event), vjp = jax.vjp(
+                    lambda y, s, a: step_fn(k, y, s, a), *x, args_diff
+                )
             else:
-                (y1, _, dense), vjp_y = jax.vjp(lambda y, a: step_fn(k, y, None, a), x, args_diff)
+                (y1, _, dense, event), vjp_y = jax.vjp(
+                    lambda y, a: step_fn(k, y, None, a), x, args_diff
+                )
 
                 def vjp(c):
                     # one call: each call is a whole reverse pass of the step, which XLA does
@@ -185,6 +197,10 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
                     return cy, None, ca
 
             ct_dense = tree_zeros_like(dense)
+            ct_event = ()
+            if problem.events is not None:
+                ct_event = problem.event_cotangent(rec["ev"][k], rec["which"], ct)
+                y1 = event[1]  # the state a step's saved row holds: just before its event
             if plan.dense:
                 ct_dense = tree_add(ct_dense, jax.tree.map(lambda c: c[k], ct.dense[2]))
             if plan.steps:
@@ -193,7 +209,11 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
                     lambda y, a: plan.fn(starts[k + 1], y, problem.with_args(a)), y1, args_diff
                 )
                 cy, ca = vjp_fn(row)
-                a_y, a_args = tree_add(a_y, cy), tree_add(a_args, ca)
+                a_args = tree_add(a_args, ca)
+                if problem.events is None:
+                    a_y = tree_add(a_y, cy)
+                else:
+                    a_y_row = cy
             if plan.ts is not None:
                 j0, j1 = saves_in_step(plan.ts, k, starts[k], starts[k + 1])
 
@@ -217,7 +237,10 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
                 _, ct_dense, a_args = lax.while_loop(
                     lambda c: any_member(c[0] < j1), save_ct, (j0, ct_dense, a_args)
                 )
-            cy0, cst0, ca0 = vjp((a_y, a_st, ct_dense))
+            if plan.steps and problem.events is not None:
+                # the row's cotangent reached y-, an output of its own
+                ct_event = (ct_event[0], tree_add(ct_event[1], a_y_row))
+            cy0, cst0, ca0 = vjp((a_y, a_st, ct_dense, ct_event))
             return cy0, cst0, tree_add(a_args, ca0)
 
         if keep_state:

@@ -63,6 +63,8 @@ class Forward(AbstractAdjoint):
             )
         if problem.plan.dense:
             return False, "steps held fixed: SaveAt(dense=True) needs the state's own steps"
+        if problem.events is not None:
+            return False, "steps held fixed: events jump the state (error control is without)"
         if self.control_sensitivities:
             return True, "sensitivities under error control (control_sensitivities=True)"
         if problem.kinks:
@@ -94,7 +96,8 @@ class Forward(AbstractAdjoint):
             return out._replace(record={})
 
         def differentiable(out: LoopOutput):
-            return (out.y1, out.ts_ys, out.steps_ys)
+            log = () if out.events is None else (out.events.ts, out.events.ys)
+            return (out.y1, out.ts_ys, out.steps_ys, out.t1, *log)
 
         leaves0, treedef = jax.tree.flatten((problem.y0, problem.args_diff))
         specs = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in leaves0]
@@ -131,10 +134,11 @@ class Forward(AbstractAdjoint):
             else:
                 out, sens = jax.vmap(tangent, out_axes=(None, 0))(basis)
                 sens = differentiable(sens)  # leading axis: input direction
-            return out, (sens, out.stats["accepted"], x)
+            n_events = None if out.events is None else out.events.count
+            return out, (sens, (out.stats["accepted"], n_events), x)
 
         def solve_bwd(res, ct: LoopOutput):
-            sens, accepted, x = res
+            sens, (accepted, n_events), x = res
             live = directions["live"]
             n = x.size
             ct = jax.tree.map(
@@ -153,6 +157,12 @@ class Forward(AbstractAdjoint):
                         ct.steps_ys,
                     )
                 )
+            if ct.events is not None:  # rows after the last event: padding, no cotangent
+                rows = lambda c: (jnp.arange(c.shape[0]) < n_events).reshape(
+                    -1, *[1] * (c.ndim - 1)
+                )
+                log = jax.tree.map(lambda c: jnp.where(rows(c), c, 0), (ct.events.ts, ct.events.ys))
+                ct = ct._replace(events=ct.events._replace(ts=log[0], ys=log[1]))
             cts = differentiable(ct)
             total = jnp.zeros((n,), x.dtype)
             for s_leaf, c_leaf in zip(jax.tree.leaves(sens), jax.tree.leaves(cts), strict=True):
@@ -220,7 +230,14 @@ def _augmented_solve(problem: Problem, y0, args_diff, dy0, dargs):
     def second(pair):
         return None if pair is None else pair[1]
 
-    sens = (out.y1[1], leading(second(out.ts_ys)), leading(second(out.steps_ys), n_rows))
+    n_dirs = jax.tree.leaves(dy0)[0].shape[0]
+    t1_sens = jnp.zeros((n_dirs,), jnp.result_type(out.t1))  # no events here: t1 is fixed
+    sens = (
+        out.y1[1],
+        leading(second(out.ts_ys)),
+        leading(second(out.steps_ys), n_rows),
+        t1_sens,
+    )
     out = out._replace(
         y1=out.y1[0], ts_ys=first(out.ts_ys), steps_ys=first(out.steps_ys), record={}
     )

@@ -1,0 +1,294 @@
+"""Events: zero crossings of ``cond(t, y, args)`` located on the step's dense output.
+
+On every accepted step ``[t, t + h]`` the loop compares the sign of each event's ``cond`` at the
+two ends. A crossing in the event's ``direction`` is located by the Illinois method (regula falsi
+that halves the retained end's value when one end sticks; Dowell & Jarratt, BIT 11, 1971) on
+``theta -> cond(t + theta h, interpolant(theta))``, the earliest crossing of all events wins, and
+the step ends there: the solve stops (``terminal``), the state jumps by ``update`` and the solve
+restarts, or the crossing is only recorded.
+
+Gradients. The event time ``t*`` solves ``g(t*, y(t*), p) = 0``, so by the implicit function
+theorem ``dt* = -(g_y dy + g_p dp) / gdot`` with ``gdot = g_t + g_y f(t*, y-)``. :func:`jump` is
+the map from the state just before the event, *at the located time held fixed*, to ``(t*, y-,
+y+)`` where ``y+`` is the state just after, again at fixed time; its JVP carries the event time's
+derivative::
+
+    dy- = dz + f- dt*,     dy+ = u_t dt* + u_y dy- + u_p dp - f+ dt*
+
+(``f+ dt*`` moves the reference time back: a later event leaves the post-event solution less
+time). Its transpose is the adjoint's jump condition at the event, the same one that
+SciMLSensitivity applies at a ``ContinuousCallback``; every adjoint differentiates this one
+function, forward (``jax.jvp``) or backward (``jax.vjp``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ._batching import any_member
+
+PyTree = Any
+
+#: Illinois iterations at most; each halves the bracket at worst, and it converges
+#: superlinearly on a smooth ``cond``, so 64 reach the roundoff of ``theta``.
+ROOT_MAX_ITERATIONS = 64
+
+
+@dataclass(frozen=True)
+class Event:
+    """A zero crossing of ``cond(t, y, args)`` that stops the solve or changes the state.
+
+    Args:
+        cond: ``cond(t, y, args) -> scalar``; the event is where it crosses zero.
+        direction: ``+1`` only rising crossings (negative to positive as the solve advances),
+            ``-1`` only falling ones, ``0`` either.
+        terminal: the solve ends at the event (``sol.ts[-1]`` is the event time with
+            ``SaveAt(t1=True)``, later saves are ``inf``).
+        update: ``update(t, y, args) -> y`` for a non-terminal event: the state jumps there and
+            the solve continues. Without it a non-terminal event is only recorded.
+
+    A crossing is found on each step from the signs of ``cond`` at its ends: two crossings in
+    one step cancel. A solve that starts on ``cond == 0`` does not fire at its start. After an
+    event the solve restarts on ``cond == 0``; the sign it leaves with is that of ``cond``'s
+    rate of change there, so a ball that bounces and falls back within one step still fires.
+
+    Example:
+        >>> hit = og.Event(lambda t, y, args: y[0], direction=-1)   # height falls to zero
+        >>> bounce = og.Event(lambda t, y, e: y[0], direction=-1, terminal=False,
+        ...                   update=lambda t, y, e: y.at[1].multiply(-e))
+    """
+
+    cond: Callable
+    direction: int = 0
+    terminal: bool = True
+    update: Callable | None = None
+
+    def __post_init__(self):
+        if not callable(self.cond):
+            raise TypeError(f"Event(cond={self.cond!r}): cond must be callable cond(t, y, args).")
+        if self.direction not in (-1, 0, 1):
+            raise ValueError(
+                f"Event(direction={self.direction!r}): use +1 (rising), -1 (falling) or 0 (both)."
+            )
+        if self.update is not None and not callable(self.update):
+            raise TypeError(f"Event(update={self.update!r}): update must be callable.")
+        if self.update is not None and self.terminal:
+            raise ValueError(
+                "Event(update=...) with terminal=True: a terminal event ends the solve, so "
+                "the update would never apply; pass terminal=False to jump and continue."
+            )
+
+
+class EventLog(NamedTuple):
+    """``sol.events``: the events in the order they happened (``max_events`` rows).
+
+    ``ts``: event times, ``+inf`` after the last; ``which``: the index of the event that fired
+    (``-1`` after the last); ``ys``: the state just before each event; ``count``: how many.
+    """
+
+    ts: Any
+    which: Any
+    ys: PyTree
+    count: Any
+
+
+@dataclass(frozen=True)
+class EventSet:
+    """The solve's events, normalised: ``conds[i](t, y, args)`` and ``updates[i]`` (or None)
+    take the solve's ``args`` (real time), ``f`` is the full right-hand side."""
+
+    conds: tuple
+    updates: tuple
+    terminal: tuple
+    directions: tuple
+    f: Callable
+    max_events: int
+
+    def values(self, t, y, args):
+        """Every event's ``cond`` at ``(t, y)``, as one array."""
+        return jnp.stack([jnp.asarray(c(t, y, args)).reshape(()) for c in self.conds])
+
+    def crossed(self, before, after):
+        """Which events cross between ``before`` and ``after`` (the ``cond`` values), in their
+        direction (forward time)."""
+        rise = (before < 0) & (after >= 0)
+        fall = (before > 0) & (after <= 0)
+        d = jnp.asarray(self.directions)
+        return jnp.where(d > 0, rise, jnp.where(d < 0, fall, rise | fall))
+
+    def locate(self, interpolate, s, t, h, args, before, after, crossed):
+        """``(theta, which)``: where in the step ``tau = t + theta h`` the earliest crossing is
+        (``theta`` in ``(0, 1]``; ``inf`` with none) and which event it is."""
+        thetas = []
+        for i, cond in enumerate(self.conds):
+
+            def g(theta, cond=cond):
+                y = interpolate(theta)
+                return jnp.asarray(cond(s * (t + theta * h), y, args)).reshape(())
+
+            thetas.append(
+                jnp.where(crossed[i], _illinois(g, before[i], after[i], crossed[i]), jnp.inf)
+            )
+        thetas = jnp.stack(thetas)
+        which = jnp.argmin(thetas)
+        return thetas[which], which
+
+    def jump(self, which, t, z, args):
+        """``(t*, y-, y+)`` of event ``which`` at real time ``t`` from the state ``z`` there,
+        differentiable as the module docstring says."""
+        branches = [
+            (lambda t_, z_, a_, i=i: _jump(self, i, t_, z_, a_)) for i in range(len(self.conds))
+        ]
+        if len(branches) == 1:
+            return branches[0](t, z, args)
+        return lax.switch(which, branches, t, z, args)
+
+    def rate(self, which, t, y, args):
+        """``d cond / dt`` of event ``which`` along the solution through ``(t, y)``."""
+        f = self.f(t, y, args)
+
+        def one(cond):
+            return lambda: jax.jvp(
+                lambda t_, y_: jnp.asarray(cond(t_, y_, args)).reshape(()),
+                (t, y),
+                (jnp.ones_like(t), f),
+            )[1]
+
+        branches = [one(c) for c in self.conds]
+        return branches[0]() if len(branches) == 1 else lax.switch(which, branches)
+
+    def is_terminal(self, which):
+        return jnp.asarray(self.terminal)[which]
+
+
+def _illinois(g, g0, g1, active):
+    """A root of ``g`` on ``[0, 1]`` given ``g(0) = g0``, ``g(1) = g1`` of opposite signs (or
+    ``g1 == 0``): the end of the final bracket on ``g1``'s side, so the event has happened there.
+    """
+    one = jnp.ones_like(g1)
+
+    def cond(c):
+        lo, hi, k = c[0], c[1], c[5]
+        width = hi - lo
+        wide = width > 4 * jnp.finfo(width.dtype).eps
+        return any_member(active & wide & (k < ROOT_MAX_ITERATIONS))
+
+    def body(c):
+        lo, hi, glo, ghi, side, k = c
+        x = jnp.clip((lo * ghi - hi * glo) / (ghi - glo), lo, hi)
+        x = jnp.where(jnp.isfinite(x), x, 0.5 * (lo + hi))
+        gx = lax.stop_gradient(g(x))
+        same_as_lo = jnp.sign(gx) == jnp.sign(glo)
+        # Illinois: when the same end is kept twice, halve its value
+        new_lo = jnp.where(same_as_lo, x, lo)
+        new_glo = jnp.where(same_as_lo, gx, jnp.where(side > 0, 0.5 * glo, glo))
+        new_hi = jnp.where(same_as_lo, hi, x)
+        new_ghi = jnp.where(same_as_lo, jnp.where(side < 0, 0.5 * ghi, ghi), gx)
+        hit = gx == 0
+        new_lo = jnp.where(hit, x, new_lo)
+        new_side = jnp.where(same_as_lo, -1, 1)
+        run = active & (hi - lo > 4 * jnp.finfo(lo.dtype).eps)
+        pick = lambda a, b: jnp.where(run, a, b)
+        return (
+            pick(new_lo, lo),
+            pick(new_hi, hi),
+            pick(new_glo, glo),
+            pick(new_ghi, ghi),
+            pick(new_side, side),
+            k + 1,
+        )
+
+    init = (0 * one, one, g0, g1, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    init = jax.tree.map(lax.stop_gradient, init)
+    _, hi, *_ = lax.while_loop(cond, body, init)
+    return hi
+
+
+def _jump(events: EventSet, i: int, t, z, args):
+    """``(t, z, y+)`` with the derivative of the module docstring (``t`` is held fixed)."""
+    update = events.updates[i]
+    terminal = events.terminal[i]
+
+    @jax.custom_jvp
+    def jump(t, z, args):
+        return t, z, (z if update is None else update(t, z, args))
+
+    @jump.defjvp
+    def jump_jvp(primals, tangents):
+        t, z, args = primals
+        _, dz, dargs = tangents
+        cond = lambda y, a: jnp.asarray(events.conds[i](t, y, a)).reshape(())
+        f_minus = events.f(t, z, args)
+        _, dg = jax.jvp(cond, (z, args), (dz, dargs))
+        # gdot = g_t + g_y f-: the rate at which cond crosses zero along the solution
+        _, gdot = jax.jvp(
+            lambda t_, y: jnp.asarray(events.conds[i](t_, y, args)).reshape(()),
+            (t, z),
+            (jnp.ones_like(t), f_minus),
+        )
+        # a grazing crossing (gdot = 0) has no finite sensitivity; the guard keeps members of a
+        # batch that did not fire (evaluated, then discarded) from putting nan into gradients
+        dt = (-dg / jnp.where(gdot == 0, 1, gdot)).astype(jnp.result_type(t))
+        dz_minus = jax.tree.map(lambda a, b: a + b * dt.astype(b.dtype), dz, f_minus)
+        if update is None:
+            y_plus, dy_plus = z, dz  # the solution passes through unchanged
+        else:
+            y_plus, du = jax.jvp(update, (t, z, args), (dt, dz_minus, dargs))
+            f_plus = events.f(t, y_plus, args)
+            dy_plus = jax.tree.map(lambda a, b: a - b * dt.astype(b.dtype), du, f_plus)
+        if terminal:
+            dy_plus = dz_minus
+        return (t, z, y_plus), (dt, dz_minus, dy_plus)
+
+    return jump(t, z, args)
+
+
+def prepare(events: Event | Sequence[Event] | None, max_events: int) -> tuple[Event, ...]:
+    """The user's ``events`` as a tuple of :class:`Event`, checked."""
+    if events is None:
+        return ()
+    if isinstance(events, Event):
+        events = (events,)
+    if not isinstance(events, Sequence) or not all(isinstance(e, Event) for e in events):
+        raise TypeError(f"events={events!r}: pass an og.Event or a sequence of og.Event.")
+    if not isinstance(max_events, int) or max_events < 1:
+        raise ValueError(f"max_events={max_events!r} must be a positive int.")
+    return tuple(events)
+
+
+def check_shapes(events: tuple[Event, ...], t0, y0, arrays, user_args) -> None:
+    """Trace each ``cond`` and ``update`` once: a scalar condition, an update that keeps the
+    state's structure, shapes and dtype (``user_args(arrays)`` rebuilds the user's ``args``)."""
+    want = jax.eval_shape(lambda: y0)
+    for i, ev in enumerate(events):
+        c = jax.eval_shape(lambda t, y, a, ev=ev: ev.cond(t, y, user_args(a)), t0, y0, arrays)
+        if not (hasattr(c, "shape") and c.shape in ((), (1,))):
+            raise ValueError(
+                f"events[{i}].cond returned {c}; it must return one scalar (the event is its "
+                "zero crossing), e.g. y[0] - 1.0 rather than y - 1.0."
+            )
+        if not jnp.issubdtype(c.dtype, jnp.floating):
+            raise TypeError(
+                f"events[{i}].cond returned dtype {c.dtype}; return a float whose sign changes "
+                "at the event (a bool has no crossing to locate), e.g. y[0] - 1.0."
+            )
+        if ev.update is None:
+            continue
+        out = jax.eval_shape(lambda t, y, a, ev=ev: ev.update(t, y, user_args(a)), t0, y0, arrays)
+        if jax.tree.structure(out) != jax.tree.structure(want):
+            raise ValueError(
+                f"events[{i}].update returned structure {jax.tree.structure(out)} but the state "
+                f"has {jax.tree.structure(want)}; return the new state with y0's structure."
+            )
+        for o, w in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True):
+            if o.shape != w.shape or o.dtype != w.dtype:
+                raise ValueError(
+                    f"events[{i}].update returned a leaf {o.dtype}{list(o.shape)} where the state "
+                    f"has {w.dtype}{list(w.shape)}; the update must keep shapes and dtypes."
+                )

@@ -1,0 +1,416 @@
+"""Events: located zero crossings, terminal and with state jumps, through every adjoint.
+
+Checked against closed forms (a ball under gravity: impact time and velocity, bounces with
+restitution ``e``), central differences (a ball with quadratic drag, two events), and between
+the adjoints; ``direction`` on an oscillator; ``max_events``; bad input; ``vmap``; fixed steps;
+partitioned solvers; ``progress``. Each jitted gradient is built once (``functools.cache``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import odegrad as og  # noqa: E402
+
+ADJOINTS = {
+    "Discrete": og.Discrete(),
+    "Discrete3": og.Discrete(checkpoints=3),
+    "Forward": og.Forward(),
+    "Auto": og.Auto(),
+    "Interpolating": og.Interpolating(),
+    "Interpolating3": og.Interpolating(checkpoints=3),
+    "Backsolve": og.Backsolve(),
+    "Quadrature": og.Quadrature(),
+}
+TIGHT = og.Adaptive(rtol=1e-10, atol=1e-10)
+# the full matrix runs in the slow tier (pytest -m slow); the checkpointed variants and
+# Quadrature share their event code with Discrete and Interpolating
+SLOW_VARIANTS = {"Discrete3", "Interpolating3", "Quadrature"}
+EVERY_ADJOINT = [
+    pytest.param(name, marks=pytest.mark.slow) if name in SLOW_VARIANTS else name
+    for name in ADJOINTS
+]
+
+
+def compiled(run):
+    """``run`` and its Jacobian (reverse mode, as ``jax.grad`` uses), jitted."""
+    return jax.jit(run), jax.jit(jax.jacrev(run))
+
+
+def fall(t, y, args):
+    return jnp.stack([y[1], -args["g"] * jnp.ones_like(y[0])])
+
+
+HIT = og.Event(lambda t, y, args: y[0], direction=-1)
+BOUNCE = og.Event(
+    lambda t, y, args: y[0],
+    direction=-1,
+    terminal=False,
+    update=lambda t, y, args: jnp.stack([y[0], -args["e"] * y[1]]),
+)
+
+
+# -- a ball thrown up at v0 from h0: the impact, in closed form ------------------------------------
+def impact_exact(p):
+    h0, v0, g = p
+    t = (v0 + jnp.sqrt(v0**2 + 2 * g * h0)) / g
+    return jnp.stack([t, v0 - g * t])
+
+
+@functools.cache
+def impact(name):
+    """``p = (h0, v0, g) -> (t*, v(t*))`` through adjoint ``name``, and its Jacobian."""
+
+    def run(p):
+        sol = og.solve(
+            fall, p[:2], (0.0, 5.0), {"g": p[2]}, events=HIT, step=TIGHT, adjoint=ADJOINTS[name]
+        )
+        return jnp.stack([sol.ts[-1], sol.ys[-1, 1]])
+
+    return compiled(run)
+
+
+P_IMPACT = jnp.array([1.0, 2.0, 9.81])
+
+
+@pytest.mark.parametrize("name", EVERY_ADJOINT)
+def test_terminal_impact_matches_closed_form(name):
+    run, jac = impact(name)
+    np.testing.assert_allclose(run(P_IMPACT), impact_exact(P_IMPACT), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(jac(P_IMPACT), jax.jacfwd(impact_exact)(P_IMPACT), rtol=0, atol=1e-6)
+
+
+def test_forward_mode_through_events():
+    """``jax.jacfwd`` (no custom VJP involved) differentiates the same jump."""
+
+    def run(p):
+        sol = og.solve(fall, p[:2], (0.0, 5.0), {"g": p[2]}, events=HIT, step=TIGHT)
+        return jnp.stack([sol.ts[-1], sol.ys[-1, 1]])
+
+    np.testing.assert_allclose(
+        jax.jacfwd(run)(P_IMPACT), jax.jacfwd(impact_exact)(P_IMPACT), rtol=0, atol=1e-6
+    )
+
+
+def test_terminal_event_log_and_saves():
+    ts = jnp.linspace(0.0, 1.0, 6)
+    sol = og.solve(
+        fall,
+        P_IMPACT[:2],
+        (0.0, 5.0),
+        {"g": 9.81},
+        events=HIT,
+        step=TIGHT,
+        saveat=og.SaveAt(ts=ts, t1=True),
+    )
+    t_star, v_star = impact_exact(P_IMPACT)
+    assert int(sol.events.count) == 1 and int(sol.events.which[0]) == 0
+    assert np.all(np.asarray(sol.events.which[1:]) == -1)
+    assert np.all(np.isinf(np.asarray(sol.events.ts[1:])))
+    np.testing.assert_allclose(sol.events.ts[0], t_star, atol=1e-8)
+    np.testing.assert_allclose(sol.events.ys[0], [0.0, v_star], atol=1e-8)
+    # saves before the event hold the trajectory; after it, inf rows as for a failed solve
+    before = np.asarray(ts) < float(t_star)
+    h = 1.0 + 2.0 * ts - 0.5 * 9.81 * ts**2
+    np.testing.assert_allclose(np.asarray(sol.ys[:-1, 0])[before], np.asarray(h)[before], 1e-9)
+    assert np.all(np.isinf(np.asarray(sol.ys[:-1, 0])[~before]))
+    np.testing.assert_allclose(sol.ts[-1], t_star, atol=1e-8)
+
+
+def test_terminal_under_vmap():
+    h0 = jnp.array([0.5, 1.0, 2.0, 4.0])
+
+    def t_star(h):
+        y0 = jnp.stack([h, jnp.asarray(2.0)])
+        return og.solve(fall, y0, (0.0, 5.0), {"g": 9.81}, events=HIT, step=TIGHT).ts[-1]
+
+    exact = lambda h: impact_exact(jnp.stack([h, 2.0, 9.81]))[0]
+    np.testing.assert_allclose(jax.jit(jax.vmap(t_star))(h0), jax.vmap(exact)(h0), atol=1e-8)
+    np.testing.assert_allclose(
+        jax.jit(jax.vmap(jax.grad(t_star)))(h0), jax.vmap(jax.grad(exact))(h0), atol=1e-6
+    )
+
+
+def test_backward_in_time():
+    sol = og.solve(fall, P_IMPACT[:2], (0.0, -5.0), {"g": 9.81}, events=HIT, step=TIGHT)
+    g = 9.81
+    exact = (2.0 - np.sqrt(4.0 + 2 * g)) / g  # the earlier root of 1 + 2t - g t^2 / 2
+    np.testing.assert_allclose(sol.ts[-1], exact, atol=1e-8)
+
+
+# -- a bouncing ball with restitution e: six bounces before T, in closed form ----------------------
+T_BOUNCE = 3.0
+N_BOUNCES = 6
+
+
+def bounces_exact(p):
+    """Bounce times and ``(h, v)(T)`` of a ball dropped from ``h0`` (``p = (h0, e, g)``)."""
+    h0, e, g = p
+    t, v, h, times = 0.0, 0.0, h0, []
+    for _ in range(N_BOUNCES):
+        dt = (v + jnp.sqrt(v**2 + 2 * g * h)) / g
+        t, v, h = t + dt, -e * (v - g * dt), 0.0
+        times.append(t)
+    dt = T_BOUNCE - t
+    return jnp.stack(times), jnp.stack([v * dt - 0.5 * g * dt**2, v - g * dt])
+
+
+@functools.cache
+def bounces(name):
+    def run(p):
+        sol = og.solve(
+            fall,
+            jnp.stack([p[0], jnp.zeros_like(p[0])]),
+            (0.0, T_BOUNCE),
+            {"e": p[1], "g": p[2]},
+            events=BOUNCE,
+            step=TIGHT,
+            adjoint=ADJOINTS[name],
+        )
+        return sol.events.ts[:N_BOUNCES], sol.ys[-1]
+
+    return compiled(run)
+
+
+P_BOUNCE = jnp.array([1.0, 0.8, 9.81])
+
+
+@pytest.mark.parametrize("name", EVERY_ADJOINT)
+def test_bouncing_ball_matches_closed_form(name):
+    run, jac = bounces(name)
+    times, y_t = run(P_BOUNCE)
+    exact_times, exact_y = bounces_exact(P_BOUNCE)
+    np.testing.assert_allclose(times, exact_times, atol=1e-8)
+    np.testing.assert_allclose(y_t, exact_y, atol=1e-8)
+    d_times, d_y = jac(P_BOUNCE)
+    e_times, e_y = jax.jacfwd(bounces_exact)(P_BOUNCE)
+    np.testing.assert_allclose(d_times, e_times, atol=1e-6)
+    np.testing.assert_allclose(d_y, e_y, atol=1e-6)
+
+
+def test_bouncing_ball_fixed_steps():
+    """Fixed steps: an event ends a step early and the next resumes the grid."""
+
+    def run(p):
+        sol = og.solve(
+            fall,
+            jnp.stack([p[0], 0.0]),
+            (0.0, T_BOUNCE),
+            {"e": p[1], "g": p[2]},
+            events=BOUNCE,
+            step=og.Fixed(0.01),
+        )
+        return sol.ys[-1, 0], sol.stats["accepted"]
+
+    h_t, accepted = run(P_BOUNCE)
+    # a quadratic is integrated exactly by Tsit5, so only the event location limits this
+    np.testing.assert_allclose(h_t, bounces_exact(P_BOUNCE)[1][0], atol=1e-8)
+    assert int(accepted) == 300 + N_BOUNCES
+    grad = jax.grad(lambda p: run(p)[0])(P_BOUNCE)
+    exact = jax.grad(lambda p: bounces_exact(p)[1][0])(P_BOUNCE)
+    np.testing.assert_allclose(grad, exact, atol=1e-6)
+
+
+# -- nonlinear: quadratic drag, two events, against central differences ----------------------------
+def drag(t, y, args):
+    return jnp.stack([y[1], -args["g"] - args["c"] * y[1] * jnp.abs(y[1])])
+
+
+APEX = og.Event(lambda t, y, args: y[1], direction=-1, terminal=False)  # records, no jump
+
+
+@functools.cache
+def drag_loss(name):
+    def loss(p):
+        sol = og.solve(
+            drag,
+            jnp.stack([p[0], 0.3]),
+            (0.0, 2.5),
+            {"e": p[1], "g": p[2], "c": p[3]},
+            events=[BOUNCE, APEX],
+            step=og.Adaptive(rtol=1e-12, atol=1e-12),
+            saveat=og.SaveAt(ts=jnp.linspace(0.0, 2.5, 7)),
+            adjoint=ADJOINTS[name],
+        )
+        happened = sol.events.which >= 0
+        ts = jnp.where(happened, sol.events.ts, 0.0)
+        v_before = jnp.where(happened, sol.events.ys[:, 1], 0.0)  # velocity just before each
+        return (
+            jnp.sum(sol.ys[:, 0] ** 2)
+            + jnp.sum(jnp.where(happened, jnp.sin(ts), 0.0))
+            + 0.1 * jnp.sum(v_before**2)
+        )
+
+    return jax.jit(loss), jax.jit(jax.grad(loss))
+
+
+P_DRAG = np.array([1.0, 0.8, 9.81, 0.1])
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Discrete",
+        "Auto",
+        pytest.param("Forward", marks=pytest.mark.slow),
+        pytest.param("Interpolating3", marks=pytest.mark.slow),
+        pytest.param("Backsolve", marks=pytest.mark.slow),
+        pytest.param("Quadrature", marks=pytest.mark.slow),
+    ],
+)
+def test_drag_two_events_against_central_differences(name):
+    loss, grad = drag_loss(name)
+    eps = 1e-6
+    fd = [
+        (loss(P_DRAG + eps * e) - loss(P_DRAG - eps * e)) / (2 * eps) for e in np.eye(P_DRAG.size)
+    ]
+    np.testing.assert_allclose(grad(P_DRAG), fd, rtol=1e-5, atol=2e-6)
+
+
+def test_drag_two_events_sequence():
+    sol = og.solve(
+        drag,
+        jnp.array([1.0, 0.3]),
+        (0.0, 2.5),
+        {"e": 0.8, "g": 9.81, "c": 0.1},
+        events=[BOUNCE, APEX],
+        step=TIGHT,
+    )
+    n = int(sol.events.count)
+    which = np.asarray(sol.events.which)
+    assert n == 10 and np.all(which[:n] == [1, 0] * 5) and np.all(which[n:] == -1)
+    assert np.all(np.diff(np.asarray(sol.events.ts[:n])) > 0)
+    # at each bounce the ball is on the ground falling; at each apex it is at rest
+    ys = np.asarray(sol.events.ys[:n])
+    np.testing.assert_allclose(ys[which[:n] == 0, 0], 0.0, atol=1e-9)
+    assert np.all(ys[which[:n] == 0, 1] < 0)
+    np.testing.assert_allclose(ys[which[:n] == 1, 1], 0.0, atol=1e-9)
+
+
+# -- direction, max_events, bad input --------------------------------------------------------------
+def oscillator(t, y, args):
+    return jnp.stack([y[1], -y[0]])
+
+
+@pytest.mark.parametrize("direction, multiples", [(1, [2]), (-1, [1, 3]), (0, [1, 2, 3])])
+def test_direction_selects_crossings(direction, multiples):
+    ev = og.Event(lambda t, y, args: y[0], direction=direction, terminal=False)
+    sol = og.solve(oscillator, jnp.array([0.0, 1.0]), (0.0, 10.0), events=ev, step=TIGHT)
+    n = int(sol.events.count)
+    np.testing.assert_allclose(np.asarray(sol.events.ts[:n]) / np.pi, multiples, atol=1e-9)
+
+
+def test_max_events_is_a_failure_that_names_it():
+    ev = og.Event(lambda t, y, args: y[0], terminal=False)
+    with pytest.raises(RuntimeError, match="max_events"):
+        og.solve(oscillator, jnp.array([0.0, 1.0]), (0.0, 10.0), events=ev, max_events=2)
+    sol = og.solve(
+        oscillator, jnp.array([0.0, 1.0]), (0.0, 10.0), events=ev, max_events=2, throw=False
+    )
+    assert int(sol.result) == og.Result.max_events_reached
+    np.testing.assert_allclose(sol.events.ts, [np.pi, 2 * np.pi], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "event, match",
+    [
+        (og.Event(lambda t, y, a: y), "one scalar"),
+        (og.Event(lambda t, y, a: y[0] > 0), "bool"),
+        (og.Event(lambda t, y, a: y[0], terminal=False, update=lambda t, y, a: y[:1]), "shapes"),
+        (og.Event(lambda t, y, a: y[0], terminal=False, update=lambda t, y, a: (y,)), "structure"),
+        (
+            og.Event(
+                lambda t, y, a: y[0], terminal=False, update=lambda t, y, a: y.astype(jnp.float32)
+            ),
+            "dtype",
+        ),
+    ],
+)
+def test_bad_events_raise_at_trace_time(event, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        og.solve(oscillator, jnp.array([0.0, 1.0]), (0.0, 1.0), events=event)
+
+
+def test_bad_event_arguments():
+    with pytest.raises(ValueError, match="terminal=False"):
+        og.Event(lambda t, y, a: y[0], update=lambda t, y, a: y)
+    with pytest.raises(ValueError, match="direction"):
+        og.Event(lambda t, y, a: y[0], direction=2)
+    with pytest.raises(TypeError, match=r"og\.Event"):
+        og.solve(oscillator, jnp.array([0.0, 1.0]), (0.0, 1.0), events=lambda t, y, a: y[0])
+    with pytest.raises(ValueError, match="max_events"):
+        og.solve(oscillator, jnp.array([0.0, 1.0]), (0.0, 1.0), events=HIT, max_events=0)
+
+
+# -- batches with different event counts, partitioned solvers, progress, float32 -------------------
+def test_vmap_members_with_different_event_counts():
+    e = jnp.array([0.4, 0.6, 0.9])  # 3, 2 and 1 bounces before t = 1
+
+    def run(e_):
+        y0 = jnp.array([1.0, 0.0])
+        args = {"e": e_, "g": 9.81}
+        sol = og.solve(fall, y0, (0.0, 1.0), args, events=BOUNCE, step=TIGHT)
+        return sol.events.count, sol.ys[-1, 0]
+
+    counts, heights = jax.jit(jax.vmap(run))(e)
+    for k in range(3):
+        c, h = run(e[k])
+        assert int(counts[k]) == int(c)
+        np.testing.assert_allclose(heights[k], h, atol=1e-10)
+    assert len(set(np.asarray(counts).tolist())) == 3
+
+
+def test_partitioned_solver_with_events():
+    """Leapfrog on ``h' = v, v' = -g`` (exact at its grid points for a parabola; events are
+    located on its interpolant, to about the step squared)."""
+
+    def run(p):
+        f_h = lambda t, v, a: v
+        f_v = lambda t, h, a: -a["g"] * jnp.ones_like(h)
+        ev = og.Event(
+            lambda t, y, a: y[0],
+            direction=-1,
+            terminal=False,
+            update=lambda t, y, a: (y[0], -a["e"] * y[1]),
+        )
+        sol = og.solve(
+            (f_h, f_v),
+            (p[0], jnp.zeros_like(p[0])),
+            (0.0, T_BOUNCE),
+            {"e": p[1], "g": p[2]},
+            solver=og.Leapfrog(),
+            step=og.Fixed(0.01),
+            events=ev,
+        )
+        return sol.events.ts[:N_BOUNCES]
+
+    np.testing.assert_allclose(run(P_BOUNCE), bounces_exact(P_BOUNCE)[0], atol=1e-3)
+    np.testing.assert_allclose(
+        jax.jacrev(run)(P_BOUNCE), jax.jacfwd(lambda p: bounces_exact(p)[0])(P_BOUNCE), atol=1e-2
+    )
+
+
+@pytest.mark.slow
+def test_progress_bar_with_events():
+    sol = og.solve(fall, P_IMPACT[:2], (0.0, 5.0), {"g": 9.81}, events=HIT, progress=True)
+    np.testing.assert_allclose(sol.ts[-1], impact_exact(P_IMPACT)[0], rtol=1e-6)
+
+
+def test_float32():
+    y0 = jnp.array([1.0, 2.0], jnp.float32)
+    sol = og.solve(fall, y0, (0.0, 5.0), {"g": jnp.float32(9.81)}, events=HIT)
+    assert sol.ts.dtype == jnp.float32
+    np.testing.assert_allclose(sol.ts[-1], impact_exact(P_IMPACT)[0], rtol=1e-5)
+    grad = jax.grad(
+        lambda h: og.solve(fall, jnp.stack([h, 2.0]), (0.0, 5.0), {"g": 9.81}, events=HIT).ts[-1]
+    )(jnp.float32(1.0))
+    exact = jax.grad(lambda h: impact_exact(jnp.stack([h, 2.0, 9.81]))[0])(1.0)
+    np.testing.assert_allclose(grad, exact, rtol=1e-4)
