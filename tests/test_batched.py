@@ -100,7 +100,15 @@ Y0S = jnp.array([[1.0, 0.5], [0.2, -1.0], [2.0, 1.0]])
 KS = jnp.array([0.5, 10.0, 3.0])
 
 
-@pytest.mark.parametrize("adjoint", ADJOINTS, ids=repr)
+@pytest.mark.parametrize(
+    "adjoint",
+    # the checkpointed continuous adjoint compiles the longest; it runs in the slow tier
+    [
+        pytest.param(a, marks=pytest.mark.slow) if a == og.Interpolating(checkpoints=2) else a
+        for a in ADJOINTS
+    ],
+    ids=repr,
+)
 def test_vmap_gradient_equals_each_member(adjoint):
     """Under vmap the loops run to the longest member and the others' extra steps change
     nothing: the batched gradient equals each member's own, with every adjoint."""

@@ -88,6 +88,7 @@ def test_terminal_impact_matches_closed_form(name):
     np.testing.assert_allclose(jac(P_IMPACT), jax.jacfwd(impact_exact)(P_IMPACT), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_forward_mode_through_events():
     """``jax.jacfwd`` (no custom VJP involved) differentiates the same jump."""
 
@@ -139,11 +140,50 @@ def test_terminal_under_vmap():
     )
 
 
-def test_backward_in_time():
-    sol = og.solve(fall, P_IMPACT[:2], (0.0, -5.0), {"g": 9.81}, events=HIT, step=TIGHT)
+@pytest.mark.parametrize("name", ["Discrete", "Interpolating"])
+def test_backward_in_time(name):
+    def t_star(h):
+        y0 = jnp.stack([h, jnp.asarray(2.0)])
+        sol = og.solve(
+            fall, y0, (0.0, -5.0), {"g": 9.81}, events=HIT, step=TIGHT, adjoint=ADJOINTS[name]
+        )
+        return sol.ts[-1]
+
     g = 9.81
-    exact = (2.0 - np.sqrt(4.0 + 2 * g)) / g  # the earlier root of 1 + 2t - g t^2 / 2
-    np.testing.assert_allclose(sol.ts[-1], exact, atol=1e-8)
+    exact = lambda h: (2.0 - jnp.sqrt(4.0 + 2 * g * h)) / g  # the earlier root of h + 2t - gt^2/2
+    np.testing.assert_allclose(t_star(1.0), exact(1.0), atol=1e-8)
+    np.testing.assert_allclose(jax.grad(t_star)(1.0), jax.grad(exact)(1.0), atol=1e-6)
+
+
+def test_backsolve_with_saves_past_a_terminal_event():
+    """Save times after the event hold inf rows; the reverse pass starts at the event."""
+
+    def loss(p, adjoint):
+        sol = og.solve(
+            fall,
+            p[:2],
+            (0.0, 5.0),
+            {"g": p[2]},
+            events=HIT,
+            step=TIGHT,
+            saveat=og.SaveAt(ts=jnp.linspace(0.0, 2.0, 5), t1=True),
+            adjoint=adjoint,
+        )
+        rows = jnp.where(jnp.isfinite(sol.ys[:-1, 0]), sol.ys[:-1, 0], 0.0)
+        return jnp.sum(rows**2) + sol.ts[-1]
+
+    want = jax.grad(loss)(P_IMPACT, og.Discrete())
+    np.testing.assert_allclose(jax.grad(loss)(P_IMPACT, og.Backsolve()), want, atol=1e-6)
+    np.testing.assert_allclose(jax.grad(loss)(P_IMPACT, og.Interpolating()), want, atol=1e-6)
+
+
+def test_event_on_a_grid_point():
+    """A crossing exactly at a fixed step's end fires once and takes no zero-length step."""
+    ev = og.Event(lambda t, y, a: t - 0.5, direction=0, terminal=False)
+    sol = og.solve(lambda t, y, a: jnp.ones_like(y), jnp.zeros(1), (0.0, 1.0), events=ev,
+                   step=og.Fixed(0.1))  # fmt: skip
+    assert int(sol.events.count) == 1 and int(sol.stats["accepted"]) == 10
+    np.testing.assert_allclose(sol.events.ts[0], 0.5, atol=1e-12)
 
 
 # -- a bouncing ball with restitution e: six bounces before T, in closed form ----------------------
@@ -194,6 +234,26 @@ def test_bouncing_ball_matches_closed_form(name):
     e_times, e_y = jax.jacfwd(bounces_exact)(P_BOUNCE)
     np.testing.assert_allclose(d_times, e_times, atol=1e-6)
     np.testing.assert_allclose(d_y, e_y, atol=1e-6)
+
+
+def test_fixed_steps_continuous_adjoint_across_a_jump():
+    """Fixed steps, a jump: the backward step after the event reads the state after it."""
+
+    def loss(c, adjoint):
+        sol = og.solve(
+            drag,
+            jnp.array([1.0, 0.0]),
+            (0.0, 1.0),
+            {"g": 9.81, "c": c, "e": 0.5},
+            events=BOUNCE,
+            step=og.Fixed(0.01),
+            adjoint=adjoint,
+        )
+        return sol.ys[-1, 1]
+
+    want = jax.grad(loss)(0.5, og.Discrete())
+    # the continuous adjoint of the same steps differs from the discrete one by O(dt)
+    np.testing.assert_allclose(jax.grad(loss)(0.5, og.Interpolating()), want, rtol=1e-3)
 
 
 def test_bouncing_ball_fixed_steps():

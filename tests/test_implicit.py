@@ -465,7 +465,9 @@ def _counting_jacobians(monkeypatch):
     return count
 
 
-@pytest.mark.parametrize("name", ["van_der_pol", "hybrid"])
+@pytest.mark.parametrize(
+    "name", ["van_der_pol", pytest.param("hybrid", marks=pytest.mark.slow)]
+)
 def test_jacobian_reuse(monkeypatch, name):
     """Kvaerno5 keeps its dense Jacobian across steps while Newton contracts fast: far fewer
     Jacobians than steps, the same solution to the tolerance, and gradients (Discrete, which
@@ -510,6 +512,7 @@ def test_jacobian_reuse(monkeypatch, name):
             np.testing.assert_allclose(b, a, atol=1e-5 * scale, err_msg=repr(adjoint))
 
 
+@pytest.mark.slow
 def test_preconditioned_derivative_solves(monkeypatch):
     """Derivatives of dense stages from PRECONDITIONED_MIN entries up solve with GMRES
     preconditioned by Newton's LU (and its transpose in reverse mode): the same gradient as the

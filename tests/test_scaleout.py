@@ -300,6 +300,7 @@ def _check_diffusion(r):
     assert r["g_ci_shard_shape"] == [n // 2, n // 2, n], r
 
 
+@pytest.mark.slow
 def test_sharded_diffusion_equals_one_device():
     """Seed 001 (16^3, ROCK2, Interpolating) on a 2x2 mesh: equal to one device, <= 0.45 of
     its temporary memory per device, gradient spread over the 4 devices."""

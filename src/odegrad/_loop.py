@@ -474,8 +474,9 @@ def while_loop(
         else:
             saved_y = res.y1
         if not adaptive:
-            fired = False if events is None else ev.fired
-            new["grid_k"] = c["grid_k"] + (accept & ~fired)
+            # an event ends a step early (the next resumes the grid) unless it fell on its end
+            on_grid = accept if events is None else accept & ~(ev.fired & (ev.theta < 1))
+            new["grid_k"] = c["grid_k"] + on_grid
         acc = c["acc"]
         drop = jnp.where(accept, acc, max_steps)  # row index, out of range when rejected
         if plan.ts is not None:
@@ -640,11 +641,24 @@ def _step_events(events: EventSet, solver, f, args, s, t, h, t_end, res, c, acce
     )
 
 
-def dense_evaluate(solver, dense, tau, side: str = "right"):
-    """The state at forward time ``tau`` from a loop's dense output ``(starts, sizes, data, n)``;
-    at a step boundary, from the step that starts there (``side="right"``) or ends there
-    (``"left"``: the state just before an event's jump)."""
+def dense_evaluate(solver, dense, tau, side: str = "right", toward=None):
+    """The state at forward time ``tau`` from a loop's dense output ``(starts, sizes, data, n)``.
+
+    At a step boundary it reads the step that starts there (``side="right"``) or ends there
+    (``"left"``: the state just before an event's jump); with ``toward``, the step on the side
+    of that time (an integration over an interval passes its midpoint)."""
     starts, sizes, data, n = dense
-    k = jnp.clip(jnp.searchsorted(starts, tau, side=side) - 1, 0, n - 1)
+    if toward is None:
+        k = jnp.searchsorted(starts, tau, side=side) - 1
+    else:
+        k = (
+            jnp.where(
+                toward < tau,
+                jnp.searchsorted(starts, tau, side="left"),
+                jnp.searchsorted(starts, tau, side="right"),
+            )
+            - 1
+        )
+    k = jnp.clip(k, 0, n - 1)
     theta = (tau - starts[k]) / sizes[k]
     return solver.interpolate(jax.tree.map(lambda x: x[k], data), theta)

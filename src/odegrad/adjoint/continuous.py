@@ -181,18 +181,23 @@ class _Continuous(AbstractAdjoint):
         points, labels, count = self._breakpoints(problem, keep)
         tdtype = points.dtype
 
-        def y_from_source(c, p):
+        def y_from_source(c, p, within=None):
+            """The forward state at ``p``; at a step boundary from the step on the side of
+            ``within`` (a time inside the interval being integrated: at an event's time the
+            steps on either side hold the states before and after its jump), by default from
+            the step that ends at ``p``, as a save there reads it."""
             if self.source == "backsolve":
                 return c["y"]
             dense = keep["dense"] if self.source == "dense" else c["local"]
-            # a step's own end, not the next step's start: an event's jump lies between them
-            return dense_evaluate(problem.solver, dense, p, side="left")
+            if within is None:  # without events both sides agree: one search
+                return dense_evaluate(problem.solver, dense, p, side="left")
+            return dense_evaluate(problem.solver, dense, p, toward=within)
 
-        def rhs_for(c):
+        def rhs_for(c, within):
             """d(state)/dp for the backward state z = (a, g[, y]) in forward time p."""
 
             def rhs(p, z, a_diff):
-                y = z["y"] if self.source == "backsolve" else y_from_source(c, p)
+                y = z["y"] if self.source == "backsolve" else y_from_source(c, p, within)
                 cy, ca = vjp(s * p, y, a_diff, z["a"])
                 out = {"a": tree_scale(-s, cy)}
                 if not self.quadrature:
@@ -203,7 +208,7 @@ class _Continuous(AbstractAdjoint):
 
             return rhs
 
-        def quadrature_for(c):
+        def quadrature_for(c, within):
             nodes, weights = gauss_legendre(max(1, -(-(solver_b.order + 1) // 2)))
 
             def accumulate(t, dt, dense, a_diff):
@@ -211,7 +216,7 @@ class _Continuous(AbstractAdjoint):
                 for x, w in zip(nodes, weights, strict=True):
                     z = solver_b.interpolate(dense, x)
                     p = t + x * dt  # the backward loop runs in forward time p
-                    _, ca = vjp(s * p, y_from_source(c, p), a_diff, z["a"])
+                    _, ca = vjp(s * p, y_from_source(c, p, within), a_diff, z["a"])
                     total = tree_add(total, tree_scale(-s * w * dt, ca))
                 return total
 
@@ -263,8 +268,10 @@ class _Continuous(AbstractAdjoint):
                 z["g"] = c["g"]
             if self.source == "backsolve":
                 z["y"] = c["y"]
-            rhs = rhs_for(c)
-            acc = quadrature_for(c) if self.quadrature else None
+            # (only events make the sides of a step boundary differ)
+            within = None if problem.events is None else 0.5 * (hi + lo)
+            rhs = rhs_for(c, within)
+            acc = quadrature_for(c, within) if self.quadrature else None
             if isinstance(control, Adaptive | _Seminorm):
                 out = while_loop(
                     solver_b,
@@ -386,7 +393,8 @@ class _Continuous(AbstractAdjoint):
             pieces.append((plan.ts, jnp.arange(plan.ts.shape[0])))
         if problem.events is not None:  # last: at an equal time the jump comes first, backwards
             log = keep["events"]
-            pieces.append((problem.direction * log.ts, -2 - jnp.arange(log.ts.shape[0])))
+            tau = jnp.where(jnp.isfinite(log.ts), problem.direction * log.ts, jnp.inf)
+            pieces.append((tau, -2 - jnp.arange(log.ts.shape[0])))
         padded = problem.grid is None and (plan.steps or not isinstance(problem.control, Adaptive))
         padded = padded or problem.events is not None
         if len(pieces) == 1 and not padded:
@@ -402,8 +410,10 @@ class _Continuous(AbstractAdjoint):
         if padded:
             count = jnp.sum(jnp.isfinite(pts))
         # nothing past where the solve stopped (a terminal event, a failure): the adjoint
-        # starts there
-        return jnp.minimum(pts[order], keep["t1"]), labs[order], count
+        # starts there, and the saves after it (inf rows) take no part
+        pts, labs = pts[order], labs[order]
+        past = pts > keep["t1"]
+        return jnp.where(past, keep["t1"], pts), jnp.where(past, -1, labs), count
 
     def _backward_control(self, problem: Problem):
         base = self.step

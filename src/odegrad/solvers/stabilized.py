@@ -10,7 +10,10 @@ forward Euler.
 ``rho`` comes from a user's ``spectral_radius(t, y, args)`` or from a warm-started power iteration
 on Jacobian-vector products ``jax.jvp(lambda y: f(t, y, args), (y,), (v,))`` carried in the
 solver state (then ``state_from_y`` is false: the vector cannot be recomputed from ``y``), times a
-safety factor. The stage count is a discrete choice made under ``lax.stop_gradient``: no
+safety factor. The estimate is reused for ``rho_every = 25`` accepted steps and then refreshed,
+warm-started from the last vector, as RKC does (``nstsig = mod(nstsig+1, 25)`` in Sommeijer's
+``rkc.f``): per step the iteration costs a Jacobian-vector product, a stencil pass as dear as a
+stage. The stage count is a discrete choice made under ``lax.stop_gradient``: no
 derivative flows through ``rho``.
 
 Differentiability. The stage count varies per step at run time, so the stages of a step run in
@@ -34,7 +37,8 @@ Stage counts are capped by ``max_stages`` (RKC) or by the largest tabulated degr
 ``og.Fixed`` / ``og.StepTo``) is not stable and is not taken silently: its ``y1`` is NaN, so the
 solve fails with ``Result.nonfinite`` (an error with ``throw=True``).
 
-The carried state is ``(f(t, y), rho, v)``; ``f(t1, y1)`` is the next step's first stage and the
+The carried state is ``(f(t, y), rho, v, age)`` (``age``: accepted steps since ``rho`` was
+estimated); ``f(t1, y1)`` is the next step's first stage and the
 end slope of the cubic Hermite dense output. Each step reports the right-hand-side evaluations
 it really made (stages, the closing ``f(t1, y1)`` and the power-iteration JVPs, one each) as
 ``StepResult.evals``; the loops sum it into ``sol.stats["rhs_evals"]``.
@@ -113,15 +117,22 @@ class _Stabilized(AbstractSolver):
         safety: float = 1.2,
         power_iters: int = 1,
         init_power_iters: int = 20,
+        rho_every: int = 25,
     ):
         """
         Args:
             spectral_radius: optional ``spectral_radius(t, y, args) -> float``, an upper bound of
                 the spectral radius of ``df/dy``; it replaces the power iteration.
             safety: factor applied to the spectral-radius estimate before choosing the stages.
-            power_iters: JVP power-iteration steps per step (warm-started from the last vector).
+            power_iters: JVP power-iteration steps per refresh of the estimate (warm-started
+                from the last vector).
             init_power_iters: power-iteration steps before the first step.
+            rho_every: refresh the power-iteration estimate every this many accepted steps
+                (1: every step).
         """
+        if int(rho_every) < 1:
+            raise ValueError(f"rho_every={rho_every!r} must be a positive int.")
+        self.rho_every = int(rho_every)
         self.spectral_radius = spectral_radius
         self.safety = float(safety)
         self.power_iters = int(power_iters)
@@ -160,7 +171,8 @@ class _Stabilized(AbstractSolver):
         f0 = f(t0, y0, args)
         v0 = None if self.spectral_radius is not None else _start_vector(y0)
         rho, v = self._rho(f, t0, y0, args, v0, self.init_power_iters)
-        return (f0, rho, v)
+        # age as a float: adjoints carry cotangents of the whole state, and an int has none
+        return (f0, rho, v, jnp.zeros((), jnp.result_type(rho)))
 
     # -- to be provided by each method -----------------------------------------------------
     max_stages: int
@@ -189,7 +201,7 @@ class _Stabilized(AbstractSolver):
 
     # -- the step ----------------------------------------------------------------------------
     def step(self, f, t0, dt, y0, args, state):
-        f0, rho, v = state
+        f0, rho, v, age = state
         h_rho = lax.stop_gradient(jnp.abs(dt) * rho)
         y1, err_of, n_evals = self._advance(f, t0, dt, y0, args, f0, h_rho)
         # a step beyond the stability limit (a too-long fixed step) fails instead of silently
@@ -200,13 +212,26 @@ class _Stabilized(AbstractSolver):
         t1 = t0 + dt
         f1 = f(t1, y1, args)
         error = err_of(f1)
-        rho1, v1 = self._rho(f, t1, y1, args, v, self.power_iters)
+        rho1, v1, age1, power_evals = self._next_rho(f, t1, y1, args, rho, v, age)
         y1 = jax.tree.map(
             lambda x: jnp.where(unstable, jnp.nan, x) if is_inexact_array(x) else x, y1
         )
-        extra = 1 + (0 if self.spectral_radius is not None else self.power_iters)
-        evals = (n_evals + extra).astype(jnp.int32)
-        return StepResult(y1, error, (y0, y1, f0, f1, dt), (f1, rho1, v1), evals)
+        evals = (n_evals + 1 + power_evals).astype(jnp.int32)
+        return StepResult(y1, error, (y0, y1, f0, f1, dt), (f1, rho1, v1, age1), evals)
+
+    def _next_rho(self, f, t1, y1, args, rho, v, age):
+        """The next step's ``(rho, v, age)`` and the evaluations spent: the user's bound at
+        ``(t1, y1)``, or the carried estimate, refreshed once it is ``rho_every`` steps old."""
+        if self.spectral_radius is not None:
+            return *self._rho(f, t1, y1, args, v, 0), age, 0
+        refresh = age + 1 >= self.rho_every
+        rho1, v1 = lax.cond(
+            refresh,
+            lambda: self._rho(f, t1, y1, args, v, self.power_iters),
+            lambda: (rho, v),
+        )
+        age1 = jnp.where(refresh, 0, age + 1).astype(age.dtype)
+        return rho1, v1, age1, jnp.where(refresh, self.power_iters, 0)
 
     def interpolate(self, dense, theta):
         y0, y1, f0, f1, dt = dense
