@@ -465,9 +465,7 @@ def _counting_jacobians(monkeypatch):
     return count
 
 
-@pytest.mark.parametrize(
-    "name", ["van_der_pol", pytest.param("hybrid", marks=pytest.mark.slow)]
-)
+@pytest.mark.parametrize("name", ["van_der_pol", pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_jacobian_reuse(monkeypatch, name):
     """Kvaerno5 keeps its dense Jacobian across steps while Newton contracts fast: far fewer
     Jacobians than steps, the same solution to the tolerance, and gradients (Discrete, which

@@ -25,6 +25,7 @@ from ._batching import any_member
 from ._events import EventLog, EventSet
 from ._progress import chunked_scan
 from ._solution import Result
+from ._step import adapt_step
 from ._tree import tree_all_finite, tree_bytes, tree_where
 from ._tuning import tuning
 
@@ -441,16 +442,21 @@ def while_loop(
         res = solver.step(f, s * t, s * h, y, args, st)
         finite = tree_all_finite(res.y1)
         if adaptive:
-            # step sizes are constants of the discretisation: no derivative flows through them
-            ratio = lax.stop_gradient(control.error_ratio(res.error, y, res.y1))
-            ratio = jnp.where(finite & jnp.isfinite(ratio), ratio, jnp.inf)
-            accept = (ratio <= 1) & active
-            factor = control.next_factor(
-                ratio, c["ratio_prev"], solver.embedded_order, solver.prev_ratio_floor
+            decision = adapt_step(
+                control,
+                res.error,
+                y,
+                res.y1,
+                finite,
+                h,
+                c["ratio_prev"],
+                solver.embedded_order,
+                solver.prev_ratio_floor,
+                floor,
             )
-            h_next = h * jnp.where(accept, factor, jnp.minimum(factor, 1.0))
-            h_next = jnp.where((accept & last) | ~active, c["h"], h_next)
-            ratio_prev = jnp.where(accept, ratio, c["ratio_prev"])
+            accept = decision.accept & active
+            h_next = jnp.where((accept & last) | ~active, c["h"], decision.h_next)
+            ratio_prev = jnp.where(active, decision.ratio, c["ratio_prev"])
         else:
             accept = finite & active
             h_next, ratio_prev = c["h"], c["ratio_prev"]
@@ -518,9 +524,7 @@ def while_loop(
             evals = evals + jnp.where(ev.fired & ~ev.terminal, solver.init_evals, 0)
         new["evals"] = c["evals"] + jnp.where(active, evals, 0)
         if adaptive:
-            # a nan step size (from a non-finite y0 or f at t0) never compares below the floor:
-            # stop on it too, rather than retry it until max_steps
-            underflow = active & (~accept) & ~(h_next >= floor)
+            underflow = active & decision.underflow
             failure = jnp.where(finite, Result.step_size_underflow, Result.nonfinite)
         else:
             underflow = active & ~accept

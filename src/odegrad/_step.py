@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ._tree import rms_error_ratio
 
@@ -175,3 +177,34 @@ class Adaptive(AbstractStep):
             (0.01 / jnp.maximum(dmax, jnp.finfo(span.dtype).tiny)) ** (1.0 / (order + 1)),
         )
         return jnp.minimum(jnp.minimum(100 * h0, h1), span).astype(span.dtype)
+
+
+class StepDecision(NamedTuple):
+    """What :func:`adapt_step` decided about one attempted step."""
+
+    accept: Any  #: its error is within tolerance and its state finite
+    h_next: Any  #: the next step size to try
+    ratio: Any  #: the error ratio the next decision sees as the previous one
+    underflow: Any  #: rejected, and the next step would fall below the floor (or is nan)
+
+
+def adapt_step(control, error, y0, y1, finite, h, ratio_prev, q, prev_floor, h_min) -> StepDecision:
+    """Accept or reject a step of size ``h`` from ``y0`` to ``y1`` and size the next one: the
+    one answer to "how is a step accepted" (the loops call nothing else).
+
+    ``e = control.error_ratio(error, y0, y1)`` (``inf`` when ``y1`` or ``e`` is not finite); the
+    step is accepted when ``e <= 1``; the next step is ``h * control.next_factor(e, e_prev)``,
+    at most ``h`` after a rejection (:class:`Adaptive`). ``q``: the embedded order;
+    ``prev_floor``: the solver's floor on ``e_prev``; ``h_min``: the smallest step allowed. Step
+    sizes are constants of the discretisation: no derivative flows through the decision.
+    ``control`` may be a wrapper whose ``error_ratio`` sees part of the state (a seminorm).
+    """
+    ratio = lax.stop_gradient(control.error_ratio(error, y0, y1))
+    ratio = jnp.where(finite & jnp.isfinite(ratio), ratio, jnp.inf)
+    accept = ratio <= 1
+    factor = control.next_factor(ratio, ratio_prev, q, prev_floor)
+    h_next = h * jnp.where(accept, factor, jnp.minimum(factor, 1.0))
+    # a nan step size (from a non-finite y0 or f at t0) never compares below the floor: it
+    # underflows too, rather than being retried until max_steps
+    underflow = ~accept & ~(h_next >= h_min)
+    return StepDecision(accept, h_next, jnp.where(accept, ratio, ratio_prev), underflow)
