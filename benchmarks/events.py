@@ -1,0 +1,111 @@
+"""Events: accuracy of event times and their gradients against closed forms, per adjoint, and
+the time of a terminal-event gradient side by side with diffrax (its ``Event`` with an
+optimistix Newton root finder; diffrax has terminal events only).
+
+* terminal: a ball thrown up at ``v0 = 2`` from ``h0 = 1`` under ``g = 9.81`` hits the ground;
+  the impact time ``t*`` and velocity, and ``d t* / d(h0, v0, g)``, against the closed form;
+* bouncing: dropped from ``h0 = 1`` with restitution ``e = 0.8``, six bounces before ``T = 3``;
+  the bounce times and ``dh(T) / d(h0, e, g)`` against the closed form.
+
+Tsit5, ``rtol = atol = 1e-10``, float64.
+
+    python benchmarks/events.py [--rounds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+
+from _timing import fmt_time, interleaved_medians, markdown_table, warm_up_jax  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import test_events as te  # noqa: E402  (the closed forms and the events the tests check)
+
+
+def max_err(a, b) -> float:
+    return float(jnp.max(jnp.abs(jnp.asarray(a) - jnp.asarray(b))))
+
+
+def diffrax_impact():
+    """``p -> t*`` with diffrax's terminal event, or None when diffrax is missing."""
+    try:
+        import diffrax as dfx
+        import optimistix as optx
+    except ImportError:
+        return None
+    term = dfx.ODETerm(lambda t, y, g: jnp.stack([y[1], -g * jnp.ones_like(y[0])]))
+    event = dfx.Event(lambda t, y, args, **kw: y[0], optx.Newton(1e-12, 1e-12))
+
+    def run(p):
+        sol = dfx.diffeqsolve(
+            term,
+            dfx.Tsit5(),
+            0.0,
+            5.0,
+            None,
+            p[:2],
+            p[2],
+            stepsize_controller=dfx.PIDController(rtol=1e-10, atol=1e-10),
+            event=event,
+        )
+        return sol.ts[-1]
+
+    return run
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=10)
+    args = ap.parse_args(argv)
+    warm_up_jax()
+    p_imp, p_bn = te.P_IMPACT, te.P_BOUNCE
+    exact_imp, exact_dimp = te.impact_exact(p_imp), jax.jacfwd(te.impact_exact)(p_imp)
+    exact_times, exact_y = te.bounces_exact(p_bn)
+    exact_dtimes, exact_dy = jax.jacfwd(te.bounces_exact)(p_bn)
+    rows, fns = [], {}
+    for name in te.ADJOINTS:
+        run, jac = te.impact(name)
+        brun, bjac = te.bounces(name)
+        times, y_t = brun(p_bn)
+        d_times, d_y = bjac(p_bn)
+        rows.append(
+            [
+                name,
+                f"{max_err(run(p_imp), exact_imp):.1e}",
+                f"{max_err(jac(p_imp), exact_dimp):.1e}",
+                f"{max_err(times, exact_times):.1e}, {max_err(y_t, exact_y):.1e}",
+                f"{max_err(d_times, exact_dtimes):.1e}",
+                f"{max_err(d_y, exact_dy):.1e}",
+            ]
+        )
+        fns[f"odegrad {name}"] = lambda jac=jac: jac(p_imp)
+    dfx_run = diffrax_impact()
+    if dfx_run is not None:
+        dfx_grad = jax.jit(jax.grad(dfx_run))
+        err = max_err(dfx_grad(p_imp), exact_dimp[0])
+        t_err = max_err(dfx_run(p_imp), exact_imp[0])
+        rows.append(
+            ["diffrax Event (t* only)", f"{t_err:.1e}", f"{err:.1e}"] + ["(terminal only)"] * 3
+        )
+        fns["diffrax"] = lambda: dfx_grad(p_imp)
+    print("\n### errors against the closed forms (max abs)\n")
+    head = ["adjoint", "impact t*, v", "d(t*, v)/d(h0, v0, g)", "bounce times, (h, v)(T)",
+            "d times/d(h0, e, g)", "d(h, v)(T)/d(h0, e, g)"]  # fmt: skip
+    print(markdown_table(head, rows))
+    t = interleaved_medians(fns, args.rounds, 5)
+    print("\n### time of the impact's Jacobian (jitted; diffrax: gradient of t* alone)\n")
+    print(markdown_table(["method", "median", "min"], [
+        [k, fmt_time(v.median), fmt_time(v.best)] for k, v in t.items()
+    ]))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
