@@ -292,3 +292,69 @@ def check_shapes(events: tuple[Event, ...], t0, y0, arrays, user_args) -> None:
                     f"events[{i}].update returned a leaf {o.dtype}{list(o.shape)} where the state "
                     f"has {w.dtype}{list(w.shape)}; the update must keep shapes and dtypes."
                 )
+
+
+class StepEvents(NamedTuple):
+    """What :func:`step_events` found in one step."""
+
+    fired: Any  # an event ended this step
+    overflow: Any  # ... but the log was full
+    theta: Any  # where in the step (1 without an event)
+    which: Any
+    terminal: Any
+    tau: Any  # forward time of the event (a constant)
+    t_star: Any  # real time of the event, differentiable
+    y_minus: Any
+    y_plus: Any
+    state: Any  # the solver's state restarted at (t*, y+)
+    values: Any  # every cond at the step's new end
+
+
+def step_events(
+    events: EventSet, solver, f, args, s, t, h, t_end, res, before, count, accept
+) -> StepEvents:
+    """Detect, locate and apply the first event of an accepted step ``[t, t + h]`` (forward
+    time; ``res``: the solver's step, ``before``: every ``cond`` at its start, ``count``: events
+    so far). The location runs in a branch taken only when some member of the batch crossed."""
+    after = events.values(s * t_end, res.y1, args)
+    crossed = events.crossed(before, after) & accept
+    fired = jnp.any(crossed)
+
+    def located(_):
+        interpolate = lambda theta: solver.interpolate(res.dense, theta)
+        theta, which = events.locate(interpolate, s, t, h, args, before, after, crossed)
+        theta = jnp.where(fired, theta, 1.0)  # members that did not fire compute, then discard
+        tau = jnp.where(theta >= 1, t_end, t + theta * h)
+        t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args)
+        terminal = events.is_terminal(which)
+        state = solver.init(f, s * tau, y_plus, args)
+        # the event that fired restarts on cond = 0: it leaves with the sign of cond's rate
+        # (times the step, as a scale for the next location), not a second firing at zero
+        leaving = s * events.rate(which, s * tau, y_plus, args) * h
+        values = events.values(s * tau, y_plus, args)
+        values = values.at[which].set(leaving.astype(values.dtype))
+        return theta, which.astype(jnp.int32), terminal, tau, t_star, y_minus, y_plus, state, values
+
+    def quiet(_):
+        return (
+            jnp.ones_like(h),
+            jnp.asarray(0, jnp.int32),
+            jnp.asarray(False),
+            t_end,
+            s * t_end,
+            res.y1,
+            res.y1,
+            res.state,
+            after,
+        )
+
+    theta, which, terminal, tau, t_star, y_minus, y_plus, state, values = lax.cond(
+        any_member(fired), located, quiet, None
+    )
+    which = which.astype(jnp.int32)
+    overflow = fired & (count >= events.max_events)
+    fired = fired & ~overflow
+    values = jnp.where(fired, values, after)
+    return StepEvents(
+        fired, overflow, theta, which, terminal & fired, tau, t_star, y_minus, y_plus, state, values
+    )

@@ -22,7 +22,7 @@ import numpy as np
 from jax import lax
 
 from ._batching import any_member
-from ._events import EventLog, EventSet
+from ._events import EventLog, EventSet, step_events
 from ._progress import chunked_scan
 from ._solution import Result
 from ._step import adapt_step
@@ -464,7 +464,9 @@ def while_loop(
         y1, st1 = res.y1, res.state
         new = dict(c)
         if events is not None:
-            ev = _step_events(events, solver, f, args, s, t, h, t_new, res, c, accept)
+            ev = step_events(
+                events, solver, f, args, s, t, h, t_new, res, c["ev_c"], c["ev_count"], accept
+            )
             accept = accept & ~ev.overflow
             t_new = jnp.where(ev.fired, ev.tau, t_new)
             y1 = tree_where(ev.fired, ev.y_plus, y1)
@@ -580,68 +582,6 @@ def while_loop(
         record=rec,
         accumulated=c.get("acc_sum"),
         events=log,
-    )
-
-
-class _StepEvents(NamedTuple):
-    fired: Any  # an event ended this step
-    overflow: Any  # ... but the log was full
-    theta: Any  # where in the step (1 without an event)
-    which: Any
-    terminal: Any
-    tau: Any  # forward time of the event (a constant)
-    t_star: Any  # real time of the event, differentiable
-    y_minus: Any
-    y_plus: Any
-    state: Any  # the solver's state restarted at (t*, y+)
-    values: Any  # every cond at the step's new end
-
-
-def _step_events(events: EventSet, solver, f, args, s, t, h, t_end, res, c, accept):
-    """Detect, locate and apply the first event of an accepted step ``[t, t + h]`` (tau).
-
-    The location runs in a branch taken only when some member of the batch crossed."""
-    after = events.values(s * t_end, res.y1, args)
-    crossed = events.crossed(c["ev_c"], after) & accept
-    fired = jnp.any(crossed)
-
-    def located(_):
-        interpolate = lambda theta: solver.interpolate(res.dense, theta)
-        theta, which = events.locate(interpolate, s, t, h, args, c["ev_c"], after, crossed)
-        theta = jnp.where(fired, theta, 1.0)  # members that did not fire compute, then discard
-        tau = jnp.where(theta >= 1, t_end, t + theta * h)
-        t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args)
-        terminal = events.is_terminal(which)
-        state = solver.init(f, s * tau, y_plus, args)
-        # the event that fired restarts on cond = 0: it leaves with the sign of cond's rate
-        # (times the step, as a scale for the next location), not a second firing at zero
-        leaving = s * events.rate(which, s * tau, y_plus, args) * h
-        values = events.values(s * tau, y_plus, args)
-        values = values.at[which].set(leaving.astype(values.dtype))
-        return theta, which.astype(jnp.int32), terminal, tau, t_star, y_minus, y_plus, state, values
-
-    def quiet(_):
-        return (
-            jnp.ones_like(h),
-            jnp.asarray(0, jnp.int32),
-            jnp.asarray(False),
-            t_end,
-            s * t_end,
-            res.y1,
-            res.y1,
-            res.state,
-            after,
-        )
-
-    theta, which, terminal, tau, t_star, y_minus, y_plus, state, values = lax.cond(
-        any_member(fired), located, quiet, None
-    )
-    which = which.astype(jnp.int32)
-    overflow = fired & (c["ev_count"] >= events.max_events)
-    fired = fired & ~overflow
-    values = jnp.where(fired, values, after)
-    return _StepEvents(
-        fired, overflow, theta, which, terminal & fired, tau, t_star, y_minus, y_plus, state, values
     )
 
 
