@@ -102,9 +102,12 @@ KS = jnp.array([0.5, 10.0, 3.0])
 
 @pytest.mark.parametrize(
     "adjoint",
-    # the checkpointed continuous adjoint compiles the longest; it runs in the slow tier
+    # the checkpointed continuous adjoint and Quadrature compile the longest (Interpolating
+    # shares their mechanism in the default run); they run in the slow tier
     [
-        pytest.param(a, marks=pytest.mark.slow) if a == og.Interpolating(checkpoints=2) else a
+        pytest.param(a, marks=pytest.mark.slow)
+        if a in (og.Interpolating(checkpoints=2), og.Quadrature())
+        else a
         for a in ADJOINTS
     ],
     ids=repr,

@@ -474,3 +474,20 @@ def test_float32():
     )(jnp.float32(1.0))
     exact = jax.grad(lambda h: impact_exact(jnp.stack([h, 2.0, 9.81]))[0])(1.0)
     np.testing.assert_allclose(grad, exact, rtol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("solver", [og.Kvaerno5(), og.Rodas5(), og.Dopri8(), og.BS3()], ids=repr)
+def test_other_solvers_locate_events(solver):
+    """Implicit, Rosenbrock and other explicit solvers: their own dense output locates it."""
+
+    def t_star(h):
+        y0 = jnp.stack([h, jnp.asarray(2.0)])
+        step = og.Adaptive(rtol=1e-8, atol=1e-8)
+        return og.solve(fall, y0, (0.0, 5.0), {"g": 9.81}, events=HIT, solver=solver, step=step).ts[
+            -1
+        ]
+
+    exact = lambda h: impact_exact(jnp.stack([h, 2.0, 9.81]))[0]
+    np.testing.assert_allclose(t_star(1.0), exact(1.0), atol=1e-8)
+    np.testing.assert_allclose(jax.grad(t_star)(1.0), jax.grad(exact)(1.0), atol=1e-6)

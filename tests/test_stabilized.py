@@ -279,11 +279,23 @@ def _fd4(fn, x, v, eps=1e-4):
     ) / (12 * eps)
 
 
-@pytest.mark.parametrize("memory", [None, 2000])
+_slow = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
-    "solver,dt,rtol",
-    # ROCK4's 28-stage steps round the loss to ~1e-12, which caps a difference quotient at ~1e-7
-    [(og.ROCK2, 0.002, 1e-9), (og.ROCK2, 0.05, 1e-9), (og.ROCK4, 0.05, 3e-7), (og.RKC, 0.05, 1e-9)],
+    "solver,dt,rtol,memory",
+    # ROCK4's 28-stage steps round the loss to ~1e-12, which caps a difference quotient at ~1e-7.
+    # Every solver once in the default run, both stage-memory paths for ROCK2; the rest is slow.
+    [
+        (og.ROCK2, 0.002, 1e-9, None),
+        (og.ROCK2, 0.05, 1e-9, 2000),
+        (og.ROCK4, 0.05, 3e-7, None),
+        (og.RKC, 0.05, 1e-9, None),
+        pytest.param(og.ROCK2, 0.002, 1e-9, 2000, marks=_slow),
+        pytest.param(og.ROCK2, 0.05, 1e-9, None, marks=_slow),
+        pytest.param(og.ROCK4, 0.05, 3e-7, 2000, marks=_slow),
+        pytest.param(og.RKC, 0.05, 1e-9, 2000, marks=_slow),
+    ],
 )
 def test_recurrence_gradient_matches_finite_differences(solver, dt, rtol, memory, monkeypatch):
     """The custom rule (reverse recurrence over the stages really taken) against 4th-order
@@ -347,7 +359,7 @@ def test_straight_line_reverse_matches_recomputing_reverse(solver, monkeypatch):
         np.testing.assert_allclose(s_, l_, rtol=1e-12, atol=1e-14)
 
 
-@pytest.mark.parametrize("checkpoints", [None, 2])
+@pytest.mark.parametrize("checkpoints", [pytest.param(None, marks=pytest.mark.slow), 2])
 def test_rock2_adaptive_discrete_recomputes_state_from_y(checkpoints):
     """With a spectral radius the ROCK state ``(f(t, y), rho)`` is recomputed from ``y`` by the
     adaptive Discrete adjoint (its checkpoints keep ``y`` alone); with few slots the binomial
