@@ -51,7 +51,13 @@ def _y0():
     return jnp.array([0.6, -0.3])
 
 
-@pytest.mark.parametrize("adjoint", ADJOINTS, ids=repr)
+def _slow_for(*slow):
+    """ADJOINTS, with those in ``slow`` in the slow tier (the longest compiles; the default run
+    keeps the others, which share their mechanism)."""
+    return [pytest.param(a, marks=pytest.mark.slow) if a in slow else a for a in ADJOINTS]
+
+
+@pytest.mark.parametrize("adjoint", _slow_for(og.Interpolating(checkpoints=2)), ids=repr)
 def test_equinox_module_as_args_matches_closure(adjoint):
     """An equinox module passed as ``args`` (non-array leaves included) gives the gradient of
     the same module closed over, to 1e-12, with every adjoint."""
@@ -101,16 +107,7 @@ KS = jnp.array([0.5, 10.0, 3.0])
 
 
 @pytest.mark.parametrize(
-    "adjoint",
-    # the checkpointed continuous adjoint and Quadrature compile the longest (Interpolating
-    # shares their mechanism in the default run); they run in the slow tier
-    [
-        pytest.param(a, marks=pytest.mark.slow)
-        if a in (og.Interpolating(checkpoints=2), og.Quadrature())
-        else a
-        for a in ADJOINTS
-    ],
-    ids=repr,
+    "adjoint", _slow_for(og.Interpolating(checkpoints=2), og.Quadrature()), ids=repr
 )
 def test_vmap_gradient_equals_each_member(adjoint):
     """Under vmap the loops run to the longest member and the others' extra steps change

@@ -383,6 +383,7 @@ def test_rock2_adaptive_discrete_recomputes_state_from_y(checkpoints):
     np.testing.assert_allclose(got[1], ref[1], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_recurrence_gradient_under_vmap():
     f, _, x = heat(16)
     y0 = smooth_y0(x)
