@@ -9,7 +9,7 @@ Two problems:
 Prints one markdown table per problem: median time per gradient (interleaved), compile time,
 ``memory_analysis()`` temporary bytes, and the relative difference from ``Discrete("all")``.
 
-    python benchmarks/adjoints.py [--quick] [--n 64]
+    python benchmarks/adjoints.py [--quick] [--n 64] [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ from _timing import (
     fmt_timing,
     interleaved_medians,
     markdown_table,
+    result_row,
     warm_up_jax,
+    write_json,
 )
 
 ADJOINTS = {
@@ -124,6 +126,10 @@ def run(problem, names, rounds, number):
         ]
         for n in names
     ]
+    json_rows = [
+        result_row(title, n, "odegrad", gradient=times[n], compile_gradient=compiled[n])
+        for n in names
+    ]
     print(f"\n### {title}\n")
     print(
         markdown_table(
@@ -131,20 +137,23 @@ def run(problem, names, rounds, number):
             rows,
         )
     )
+    return json_rows
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--json", help="also write the timings to this JSON file")
     a = ap.parse_args()
     warm_up_jax()
     rounds, number = (5, 3) if a.quick else (15, 5)
     names = list(ADJOINTS)
     jax.config.update("jax_enable_x64", True)
-    run(lotka_volterra(), names, rounds, number)
+    rows = run(lotka_volterra(), names, rounds, number)
     jax.config.update("jax_enable_x64", False)
-    run(diffusion(32 if a.quick else a.n), names, rounds, max(1, number // 2))
+    rows += run(diffusion(32 if a.quick else a.n), names, rounds, max(1, number // 2))
+    write_json(a.json, "adjoints", rows, "quick" if a.quick else f"n={a.n}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Float32 tests build float32 arrays explicitly (with x64 on, ``jnp.float32`` arra
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -49,3 +50,16 @@ def linear() -> LinearProblem:
 def linear_args():
     """``(y0, A)`` of :func:`linear` as float64 JAX arrays."""
     return jnp.asarray(LINEAR_Y0), jnp.asarray(LINEAR_A)
+
+
+@pytest.fixture
+def retune(monkeypatch):
+    """``retune(field=value, ...)``: trace the rest of the test with those tuning fields changed
+    (see ``odegrad._tuning``); restored afterwards."""
+    from odegrad import _tuning
+
+    def change(**changes):
+        table = dataclasses.replace(_tuning.tuning(), **changes)
+        monkeypatch.setattr(_tuning, "_override", [table])
+
+    return change

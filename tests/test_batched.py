@@ -57,7 +57,9 @@ def _slow_for(*slow):
     return [pytest.param(a, marks=pytest.mark.slow) if a in slow else a for a in ADJOINTS]
 
 
-@pytest.mark.parametrize("adjoint", _slow_for(og.Interpolating(checkpoints=2)), ids=repr)
+@pytest.mark.parametrize(
+    "adjoint", _slow_for(og.Interpolating(checkpoints=2), og.Discrete(3), og.Backsolve()), ids=repr
+)
 def test_equinox_module_as_args_matches_closure(adjoint):
     """An equinox module passed as ``args`` (non-array leaves included) gives the gradient of
     the same module closed over, to 1e-12, with every adjoint."""
@@ -107,7 +109,9 @@ KS = jnp.array([0.5, 10.0, 3.0])
 
 
 @pytest.mark.parametrize(
-    "adjoint", _slow_for(og.Interpolating(checkpoints=2), og.Quadrature()), ids=repr
+    "adjoint",
+    _slow_for(og.Interpolating(checkpoints=2), og.Quadrature(), og.Discrete(3), og.Backsolve()),
+    ids=repr,
 )
 def test_vmap_gradient_equals_each_member(adjoint):
     """Under vmap the loops run to the longest member and the others' extra steps change

@@ -869,7 +869,10 @@ def test_adaptive_grad_is_custom_vjp(checkpoints):
         )(2.0)
 
 
-@pytest.mark.parametrize("checkpoints", [3, 48, 49, 400])
+@pytest.mark.parametrize(
+    "checkpoints",
+    [3, pytest.param(48, marks=pytest.mark.slow), 49, pytest.param(400, marks=pytest.mark.slow)],
+)
 def test_adaptive_checkpoints_fewer_and_more_than_steps(checkpoints):
     """The forward pass keeps the first c states: with c >= the step count (49 here) the
     reverse pass recomputes nothing; with fewer it runs the binomial schedule in that buffer.

@@ -48,6 +48,7 @@ def _run_example(name: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow
 def test_example_mixed_state_gpu():
     """Seed 000 (about 20 s on 2 CPU cores)."""
     out = _run_example("mixed_state_gpu.py")
@@ -66,6 +67,7 @@ def test_example_wave_scan_parity():
     assert "max |gradient difference|" in out
 
 
+@pytest.mark.slow
 def test_example_brusselator2d():
     """Issue 6: a stiff PDE with GMRES and a parameter gradient (about 15 s wall on 2 busy CPU
     cores, mostly compilation)."""

@@ -511,20 +511,20 @@ def test_jacobian_reuse(monkeypatch, name):
 
 
 @pytest.mark.slow
-def test_preconditioned_derivative_solves(monkeypatch):
+def test_preconditioned_derivative_solves(retune):
     """Derivatives of dense stages from PRECONDITIONED_MIN entries up solve with GMRES
     preconditioned by Newton's LU (and its transpose in reverse mode): the same gradient as the
     exact dense solves, in both modes, and central differences agree."""
-    from odegrad.solvers import _linear
+    from odegrad._tuning import tuning
 
     f, y0, p = _hybrid_problem()
-    assert y0.size >= _linear.PRECONDITIONED_MIN
+    assert y0.size >= tuning().preconditioned_min
     kw = dict(solver=og.Kvaerno5(), step=og.Fixed(0.05))
     loss = lambda y, p: jnp.sum(og.solve(f, y, (0.0, 0.5), p, **kw).ys[-1] ** 2)
     rev = jax.jit(jax.grad(loss, argnums=(0, 1)))(y0, p)
     v = jnp.sin(jnp.arange(y0.size) + 1.0)
     fwd = jax.jit(lambda y: jax.jvp(lambda y: loss(y, p), (y,), (v,))[1])(y0)
-    monkeypatch.setattr(_linear, "PRECONDITIONED_MIN", 10**9)
+    retune(preconditioned_min=10**9)
     exact = jax.jit(jax.grad(loss, argnums=(0, 1)))(y0, p)
     for a, b in zip(jax.tree.leaves(exact), jax.tree.leaves(rev), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-8, atol=1e-10 * float(jnp.abs(a).max()))

@@ -55,6 +55,7 @@ def test_bars_inside_grad_and_gradient_unchanged(step, adjoint, reverse_bar, cap
     np.testing.assert_allclose(with_bar, without, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_vmap_of_grad_with_progress(capsys):
     for step in (og.Fixed(1e-3), og.Adaptive(rtol=1e-8, atol=1e-8)):
         batched = jax.vmap(jax.grad(_loss(step, og.Auto(), True)))(jnp.array([1.0, 2.0]))

@@ -327,6 +327,7 @@ def test_ensemble_over_devices():
     assert r["devices"] == [0, 1, 2, 3] and r["spec"] == ["batch"], r
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one(tmp_path):
     """2 processes with jax.distributed (gloo over localhost) solve the sharded diffusion and
     its gradient; the result equals the single-process run."""

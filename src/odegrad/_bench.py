@@ -18,6 +18,8 @@ KNOWN_BENCHMARKS = (
     "stiff.py",
     "neural_ode.py",
 )
+#: scripts that compare odegrad with itself, not with other libraries (run by hand)
+NOT_IN_BENCH = ("parity.py",)
 
 
 def _is_odegrad_checkout(root: Path) -> bool:
@@ -42,7 +44,7 @@ def find_benchmarks_dir() -> Path | None:
 def benchmark_scripts(bench_dir: Path) -> list[Path]:
     scripts = []
     for path in sorted(bench_dir.glob("*.py")):
-        if path.name.startswith("_"):
+        if path.name.startswith("_") or path.name in NOT_IN_BENCH:
             continue
         try:
             if "__main__" not in path.read_text(encoding="utf-8"):

@@ -32,6 +32,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ._batching import any_member
+from ._recorders import Recorder
+from ._tree import tree_fill_rows, tree_set_row
 
 PyTree = Any
 
@@ -310,12 +312,60 @@ class StepEvents(NamedTuple):
     values: Any  # every cond at the step's new end
 
 
+class EventState(NamedTuple):
+    """What the while loop carries for its events."""
+
+    values: Any  # every cond at the current time
+    count: Any  # events so far
+    done: Any  # a terminal event fired
+
+    @staticmethod
+    def init(events: EventSet, t, y, args) -> EventState:
+        return EventState(events.values(t, y, args), jnp.asarray(0), jnp.asarray(False))
+
+    def after(self, ev: StepEvents, accept) -> EventState:
+        """The state after a step that found ``ev`` (and was accepted or not)."""
+        return EventState(
+            jnp.where(accept, ev.values, self.values),
+            self.count + ev.fired,
+            self.done | (ev.fired & ev.terminal),
+        )
+
+
+@dataclass(frozen=True)
+class EventLogRecorder(Recorder):
+    """``sol.events``: each event's time (real), which event, and the state just before it."""
+
+    max_events: int
+
+    def init(self, setup):
+        n, tdtype = self.max_events, setup.tdtype
+        return (
+            jnp.full((n,), jnp.inf, tdtype),
+            jnp.full((n,), -1, jnp.int32),
+            tree_fill_rows(setup.y0, n),
+        )
+
+    def update(self, state, step, setup):
+        ts, which, ys = state
+        ev, row = step.event, step.event_row
+        return (
+            ts.at[row].set(ev.t_star, mode="drop"),
+            which.at[row].set(ev.which, mode="drop"),
+            tree_set_row(ys, row, ev.y_minus),
+        )
+
+    def finish(self, state, final):
+        return {"events": EventLog(*state, final.events.count)}
+
+
 def step_events(
-    events: EventSet, solver, f, args, s, t, h, t_end, res, before, count, accept
+    events: EventSet, solver, f, args, s, t, h, t_end, res, state: EventState, accept
 ) -> StepEvents:
     """Detect, locate and apply the first event of an accepted step ``[t, t + h]`` (forward
-    time; ``res``: the solver's step, ``before``: every ``cond`` at its start, ``count``: events
-    so far). The location runs in a branch taken only when some member of the batch crossed."""
+    time; ``res``: the solver's step). The location runs in a branch taken only when some
+    member of the batch crossed."""
+    before, count = state.values, state.count
     after = events.values(s * t_end, res.y1, args)
     crossed = events.crossed(before, after) & accept
     fired = jnp.any(crossed)

@@ -51,6 +51,3 @@ class SaveAt:
             )
         if self.fn is not None and not callable(self.fn):
             raise TypeError(f"SaveAt(fn=...): fn must be callable fn(t, y, args), got {self.fn!r}.")
-
-    def apply(self, t, y, args):
-        return y if self.fn is None else self.fn(t, y, args)

@@ -21,8 +21,9 @@ from ._initial import (
     refined_result,
     state_names,
 )
-from ._loop import RuntimeGrid, SavePlan, locate_failure, static_slot_count
+from ._loop import RuntimeGrid, locate_failure
 from ._saveat import SaveAt
+from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
 from ._solution import Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _is_concrete
@@ -96,7 +97,7 @@ def solve(
     problem, ctx = _build_problem(
         f, y0, t_span, args, solver, step, saveat, adjoint, max_steps, events, max_events
     )
-    saveat, s, t0, ts_tau, fn_tau, args_ext, y0 = ctx
+    saveat, s, t0, args_ext, y0 = ctx
     if throw:
         check_concrete_state(y0, state_names(y0_user))
     if progress:
@@ -105,25 +106,7 @@ def solve(
         problem = dataclasses.replace(problem, progress=bars())
     out = adjoint.run(problem)
 
-    ts_rows, ys_rows = [], []
-    if saveat.t0:
-        ts_rows.append(t0[None])
-        ys_rows.append(jax.tree.map(lambda x: x[None], fn_tau(problem.tau0, y0, args_ext)))
-    if ts_tau is not None:
-        ts_rows.append(s * ts_tau)
-        ys_rows.append(out.ts_ys)
-    if saveat.steps:
-        # rows after the last step hold inf in forward time; keep them +inf after the flip
-        ts_rows.append(jnp.where(jnp.isfinite(out.steps_ts), s * out.steps_ts, jnp.inf))
-        ys_rows.append(out.steps_ys)
-    if saveat.t1:
-        ts_rows.append((s * out.t1)[None])
-        ys_rows.append(jax.tree.map(lambda x: x[None], fn_tau(out.t1, out.y1, args_ext)))
-    if ts_rows:
-        ts = jnp.concatenate(ts_rows)
-        ys = jax.tree.map(lambda *rows: jnp.concatenate(rows), *ys_rows)
-    else:
-        ts, ys = None, None
+    ts, ys = assemble(saveat, problem.plan, s, t0, problem.tau0, y0, args_ext, out)
     # A while loop that failed at t0 never moved: its final state is y0, and reading it rather
     # than y0 keeps y0's buffer free for the loop to update in place.
     y_start = y0 if problem.grid is not None else out.y1
@@ -219,7 +202,7 @@ def _build_problem(
         user_arrays=arrays_of,
         events=_event_set(events, event_fns, f_args, solver.partitioned, max_events),
     )
-    return problem, (saveat, s, t0, ts_tau, fn_tau, args_ext, y0)
+    return problem, (saveat, s, t0, args_ext, y0)
 
 
 def explain_adjoint(

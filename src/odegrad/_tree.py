@@ -60,6 +60,16 @@ def tree_where(pred, x: PyTree, y: PyTree) -> PyTree:
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), x, y)
 
 
+def tree_fill_rows(like: PyTree, n: int, value=jnp.inf) -> PyTree:
+    """A buffer of ``n`` rows shaped like ``like``'s leaves, filled with ``value``."""
+    return jax.tree.map(lambda x: jnp.full((n, *jnp.shape(x)), value, jnp.result_type(x)), like)
+
+
+def tree_set_row(buf: PyTree, i, row: PyTree) -> PyTree:
+    """``buf[i] = row`` leafwise; an index out of range drops the write."""
+    return jax.tree.map(lambda b, r: b.at[i].set(r, mode="drop"), buf, row)
+
+
 def tree_all_finite(x: PyTree):
     """One scalar: are all entries finite? ``sum(x * 0)`` is 0, or nan where any entry is inf or
     nan: one fused pass that, unlike a plain sum, cannot overflow on large finite values."""

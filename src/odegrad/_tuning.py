@@ -54,6 +54,25 @@ class Tuning:
     #: (set on Lotka–Volterra's 6 inputs, where they beat every reverse pass; not measured at
     #: the boundary).
     forward_max_inputs: int = 32
+    #: explicit RK stages of states with at least this many entries are written to memory
+    #: before ``f`` reads them; otherwise XLA fuses a stage's linear combination into a stencil
+    #: ``f`` and recomputes it at every neighbour (Tsit5 on a 32^3 Laplacian 6x slower). On
+    #: small states the fusion barrier costs more than the recomputation.
+    materialize_size: int = 2048
+    #: ROCK/RKC steps of at most this many stages are reversed by straight-line code (no stage
+    #: buffer; a buffer read at a run-time index made XLA:CPU's stencil kernels several times
+    #: slower); each count up to it is one more branch to compile (~its square in transposes).
+    kept_stages: int = 6
+    #: bytes the reverse pass of one ROCK/RKC step may keep of its stages; beyond that it keeps
+    #: a checkpoint every ``B`` stages and recomputes one segment at a time.
+    stage_memory: int = 128 * 2**20
+    #: ``linear_solver="auto"`` factorises dense Jacobians up to this many state entries and
+    #: runs matrix-free GMRES above (a dense Jacobian costs ``n`` JVPs and ``n^3 / 3`` flops).
+    dense_max: int = 256
+    #: derivative solves of dense implicit stages from this many entries up run GMRES on the
+    #: exact JVP preconditioned by Newton's LU, instead of a fresh Jacobian and LU per stage
+    #: (hybrid 200-state problem, Kvaerno5 gradient: 2.2 -> 1.4 s).
+    preconditioned_min: int = 16
 
 
 #: GPU values: XLA:GPU has no small-buffer rule (no chunking); the rest as on CPU until measured.

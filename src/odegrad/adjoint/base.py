@@ -13,7 +13,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._kinks import Kink, find_kinks
-from .._loop import LoopOutput, SavePlan, scan_loop, while_loop
+from .._loop import LoopOutput, scan_loop, while_loop
+from .._recorders import Recorder
+from .._saving import SavePlan
 from .._tree import tree_size
 
 PyTree = Any
@@ -72,30 +74,35 @@ class Problem:
             self.args_diff,
         )
 
-    def forward(
-        self, y0=None, args=None, record: str = "none", record_rows: int | None = None
-    ) -> LoopOutput:
+    def forward(self, y0=None, args=None, record: tuple[Recorder, ...] = ()) -> LoopOutput:
+        """The forward solve; ``record``: what a reverse pass asks the while loop to keep."""
         y0 = self.y0 if y0 is None else y0
         args = self.args if args is None else args
         if self.grid is not None:
             return scan_loop(
-                self.solver, self.f, args, self.grid, y0, self.plan, self.direction, self.progress
+                self.solver,
+                self.f,
+                args,
+                self.grid,
+                y0,
+                plan=self.plan,
+                s=self.direction,
+                progress=self.progress,
             )
         return while_loop(
             self.solver,
-            self.control,
             self.f,
             args,
-            self.tau0,
-            self.tau1,
             y0,
-            self.plan,
-            self.max_steps,
-            record,
-            self.direction,
-            self.progress,
-            record_rows,
-            self.events,
+            tau0=self.tau0,
+            tau1=self.tau1,
+            control=self.control,
+            plan=self.plan,
+            max_steps=self.max_steps,
+            record=record,
+            s=self.direction,
+            progress=self.progress,
+            events=self.events,
         )
 
     def replay_event(self, rec, k, starts, res, args):

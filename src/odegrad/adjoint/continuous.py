@@ -26,6 +26,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import jax
@@ -33,23 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._loop import (
-    LoopOutput,
-    RuntimeGrid,
-    SavePlan,
-    dense_evaluate,
-    saves_in_step,
-    while_loop,
-)
+from .._loop import LoopOutput, RuntimeGrid, while_loop
+from .._recorders import Accumulate, StepRecord
+from .._saving import SavePlan
 from .._step import AbstractStep, Adaptive
-from .._tree import rms_error_ratio, tree_add, tree_bytes, tree_scale, tree_zeros_like
+from .._tree import tree_add, tree_bytes, tree_scale, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
-from .checkpointing import reverse_steps
 from .memory import CheckpointPolicy, checkpoint_policy
-
-#: Backsolve flags the reverse pass when the re-integrated state is off by more than this many
-#: forward tolerances at a save time.
-DRIFT_LIMIT = 1e6
+from .sources import ForwardDense, Pass, RecomputedSteps, Reintegrated, StateSource
 
 
 def gauss_legendre(n: int):
@@ -83,8 +75,12 @@ class _Continuous(AbstractAdjoint):
     solver: Any = None
     step: AbstractStep | None = None
 
-    source = "dense"  # where y(t) comes from: "dense", "steps" (recomputed) or "backsolve"
     quadrature = False  # dL/dp by quadrature on each backward step instead of as a state
+
+    @property
+    def source(self) -> StateSource:
+        """Where this adjoint's backward pass gets the forward state ``y(t)``."""
+        raise NotImplementedError
 
     # -- forward ----------------------------------------------------------------------------------
     def run(self, problem: Problem) -> LoopOutput:
@@ -93,29 +89,19 @@ class _Continuous(AbstractAdjoint):
                 f"{type(self).__name__}(vjp=...) is for a single f(t, y, args); partitioned "
                 "solvers use the default jax.vjp."
             )
-        plan = problem.plan
-        fwd_plan = replace(plan, dense=plan.dense or self.source == "dense")
-        if self.source == "backsolve":
-            fwd_plan = replace(fwd_plan, fn=lambda t, y, a: (plan.fn(t, y, a), y))
-        fwd_problem = replace(problem.without_scan_tap(), plan=fwd_plan)
+        plan, src = problem.plan, self.source
+        fwd_problem = replace(problem.without_scan_tap(), plan=src.forward_plan(plan))
 
         def split(out: LoopOutput):
-            keep = {"dense": out.dense, "t1": out.t1, "y1": out.y1, "ts_y": None, "steps_y": None}
-            keep["events"] = out.events
-            if self.source == "backsolve":
-                if out.ts_ys is not None:
-                    keep["ts_y"] = out.ts_ys[1]
-                    out = out._replace(ts_ys=out.ts_ys[0])
-                if out.steps_ys is not None:
-                    keep["steps_y"] = out.steps_ys[1]
-                    out = out._replace(steps_ys=out.steps_ys[0])
+            out, keep = src.split(out)
+            keep.update(dense=out.dense, t1=out.t1, y1=out.y1, events=out.events)
             if not plan.dense:
                 out = out._replace(dense=None)
             keep.update(out.record)
             return out._replace(record={}), keep
 
         def forward(y0, args_diff):
-            return fwd_problem.forward(y0, problem.with_args(args_diff), record="times")
+            return fwd_problem.forward(y0, problem.with_args(args_diff), record=(StepRecord(),))
 
         @jax.custom_vjp
         def solve(y0, args_diff):
@@ -163,7 +149,7 @@ class _Continuous(AbstractAdjoint):
 
     # -- the backward pass ------------------------------------------------------------------------
     def _backward(self, problem: Problem, y0, args_diff, keep, ct: LoopOutput):
-        plan, s = problem.plan, problem.direction
+        plan, s, src = problem.plan, problem.direction, self.source
         if plan.dense:
             warnings.warn(
                 f"{type(self).__name__} does not propagate cotangents of the dense output "
@@ -180,31 +166,18 @@ class _Continuous(AbstractAdjoint):
             solver_b = solver_b.with_tolerances(control.rtol, control.atol)
         points, labels, count = self._breakpoints(problem, keep)
         tdtype = points.dtype
-
-        def y_from_source(c, p, within=None):
-            """The forward state at ``p``; at a step boundary from the step on the side of
-            ``within`` (a time inside the interval being integrated: at an event's time the
-            steps on either side hold the states before and after its jump), by default from
-            the step that ends at ``p``, as a save there reads it."""
-            if self.source == "backsolve":
-                return c["y"]
-            dense = keep["dense"] if self.source == "dense" else c["local"]
-            if within is None:  # without events both sides agree: one search
-                return dense_evaluate(problem.solver, dense, p, side="left")
-            return dense_evaluate(problem.solver, dense, p, toward=within)
+        y_at = partial(src.y, problem, keep)
 
         def rhs_for(c, within):
-            """d(state)/dp for the backward state z = (a, g[, y]) in forward time p."""
+            """d(state)/dp for the backward state z = (a, g, src.carries) in forward time p."""
 
             def rhs(p, z, a_diff):
-                y = z["y"] if self.source == "backsolve" else y_from_source(c, p, within)
+                y = y_at({**c, **z}, p, within)  # z's own components are the ones at p
                 cy, ca = vjp(s * p, y, a_diff, z["a"])
                 out = {"a": tree_scale(-s, cy)}
                 if not self.quadrature:
                     out["g"] = tree_scale(-s, ca)
-                if self.source == "backsolve":
-                    out["y"] = tree_scale(s, f(s * p, y, problem.with_args(a_diff)))
-                return out
+                return {**out, **src.rhs(f, problem, p, y, a_diff)}
 
             return rhs
 
@@ -216,14 +189,14 @@ class _Continuous(AbstractAdjoint):
                 for x, w in zip(nodes, weights, strict=True):
                     z = solver_b.interpolate(dense, x)
                     p = t + x * dt  # the backward loop runs in forward time p
-                    _, ca = vjp(s * p, y_from_source(c, p, within), a_diff, z["a"])
+                    _, ca = vjp(s * p, y_at(c, p, within), a_diff, z["a"])
                     total = tree_add(total, tree_scale(-s * w * dt, ca))
                 return total
 
             return accumulate
 
         def jump(i, c):
-            """At breakpoint i: reset y (Backsolve), then add the saved value's cotangent."""
+            """At breakpoint i: the source's reset, then the saved value's cotangent."""
             return jump_at(points[i], labels[i], c)
 
         def event_at(row, c):
@@ -238,20 +211,16 @@ class _Continuous(AbstractAdjoint):
                 args_diff,
             )
             cz, ca = pull((ct_t, ct_y, c["a"]))
-            c = {**c, "a": cz, "g": tree_add(c["g"], ca)}
-            if self.source == "backsolve":
-                c["y"] = z
-            return c
+            return src.at_event({**c, "a": cz, "g": tree_add(c["g"], ca)}, z)
 
         def jump_at(p, label, c):
             if problem.events is not None:  # labels -2 - row mark events
                 c = lax.cond(label <= -2, lambda c_: event_at(-2 - label, c_), lambda c_: c_, c)
-            if self.source == "backsolve":
-                c = self._reset(c, label, problem, keep)
+            c = src.at_breakpoint(problem, keep, c, label)
             if plan.ts is None and not plan.steps:
                 return c
             rows = ct.ts_ys if plan.ts is not None else ct.steps_ys
-            y = y_from_source(c, p)
+            y = y_at(c, p)
             row = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], rows)
             _, pull = jax.vjp(lambda y_, a_: plan.fn(p, y_, problem.with_args(a_)), y, args_diff)
             cy, ca = pull(row)
@@ -263,11 +232,9 @@ class _Continuous(AbstractAdjoint):
             }
 
         def integrate(c, hi, lo):
-            z = {"a": c["a"]}
+            z = {"a": c["a"], **{k: c[k] for k in src.carries}}
             if not self.quadrature:
                 z["g"] = c["g"]
-            if self.source == "backsolve":
-                z["y"] = c["y"]
             # (only events make the sides of a step boundary differ)
             within = None if problem.events is None else 0.5 * (hi + lo)
             rhs = rhs_for(c, within)
@@ -275,16 +242,16 @@ class _Continuous(AbstractAdjoint):
             if isinstance(control, Adaptive | _Seminorm):
                 out = while_loop(
                     solver_b,
-                    control,
                     rhs,
                     args_diff,
-                    -hi,
-                    -lo,
                     z,
-                    SavePlan(fn=lambda t, y, a: y, accumulate=acc),
-                    problem.max_steps,
-                    "none",
-                    -1.0,
+                    tau0=-hi,
+                    tau1=-lo,
+                    control=control,
+                    plan=SavePlan(fn=lambda t, y, a: y),
+                    max_steps=problem.max_steps,
+                    record=() if acc is None else (Accumulate(acc),),
+                    s=-1.0,
                 )
                 z1, quad = out.y1, out.accumulated
             else:  # fixed grids: one backward step per forward step
@@ -293,10 +260,8 @@ class _Continuous(AbstractAdjoint):
                 )
                 z1 = res.y1
                 quad = None if acc is None else acc(hi, lo - hi, res.dense, args_diff)
-            c = {**c, "a": z1["a"]}
+            c = {**c, "a": z1["a"], **{k: z1[k] for k in src.carries}}
             c["g"] = tree_add(c["g"], quad) if self.quadrature else z1["g"]
-            if self.source == "backsolve":
-                c["y"] = z1["y"]
             return c
 
         def interval(k, c):
@@ -307,70 +272,11 @@ class _Continuous(AbstractAdjoint):
             c = jump(i, c)
             return lax.cond(hi > lo, lambda c_: integrate(c_, hi, lo), lambda c_: c_, c)
 
-        carry = {"a": ct.y1, "g": tree_zeros_like(args_diff), "drift": jnp.zeros((), tdtype)}
-        if self.source == "steps":
-            return self._backward_by_steps(
-                problem, y0, args_diff, keep, ct, carry, jump_at, integrate
-            )
-        if self.source == "backsolve":
-            carry["y"] = keep["y1"]
-        carry = lax.fori_loop(0, count - 1, interval, carry)
-        carry = jump(0, carry)
-        if self.source == "backsolve":
-            _report_drift(carry["drift"], self.on_drift)
-        return carry["a"], carry["g"]
+        def intervals(c):
+            return jump(0, lax.fori_loop(0, count - 1, interval, c))
 
-    def _backward_by_steps(self, problem, y0, args_diff, keep, ct, carry, jump_at, integrate):
-        """Interpolating(checkpoints=c): reverse the forward steps under binomial checkpointing;
-        each reverse step re-takes forward step k for its dense output and integrates the adjoint
-        across it, jumping at the save times inside."""
-        plan = problem.plan
-        if problem.grid is not None:
-            starts, n = problem.grid, problem.grid.shape[0] - 1
-            sizes = starts[1:] - starts[:-1]
-        else:
-            starts, sizes, n = keep["starts"], keep["sizes"], keep["n"]
-        args = problem.with_args(args_diff)
-
-        rec = keep
-        if problem.events is not None:
-            rec = {**keep, "which": keep["events"].which}
-
-        def advance(k, x):
-            res = problem.step(starts[k], sizes[k], x[0], args, x[1])
-            if problem.events is not None:
-                return problem.replay_event(rec, k, starts, res, args)[:2]
-            return res.y1, res.state
-
-        def backward(k, x, c):
-            if problem.progress is not None:
-                problem.progress.backward.every(k, n, 1 - k / n)
-            res = problem.step(starts[k], sizes[k], x[0], args, x[1])
-            one = jax.tree.map(lambda d: d[None], res.dense)
-            c = {**c, "local": (starts[k][None], sizes[k][None], one, 1)}
-            hi = starts[k + 1]
-            if problem.events is not None:  # step k ended with an event: jump first
-                c = jump_at(hi, -2 - rec["ev"][k], c)
-            if plan.steps:  # row k saved the state at the end of step k
-                c = jump_at(hi, k, c)
-            if plan.ts is not None:
-                j0, j1 = saves_in_step(plan.ts, k, starts[k], hi)
-
-                def sub(m, ch):
-                    c_, hi_ = ch
-                    j = j1 - 1 - m
-                    p = plan.ts[j]
-                    c_ = lax.cond(hi_ > p, lambda z: integrate(z, hi_, p), lambda z: z, c_)
-                    return jump_at(p, j, c_), p
-
-                c, hi = lax.fori_loop(0, j1 - j0, sub, (c, hi))
-            lo = starts[k]
-            c = lax.cond(hi > lo, lambda z: integrate(z, hi, lo), lambda z: z, c)
-            c.pop("local")
-            return c
-
-        x0 = (y0, problem.init_state(y0, args))
-        carry = reverse_steps(advance, backward, n, x0, carry, int(self.checkpoints))
+        bwd = Pass(problem, keep, y0, args_diff, jump_at, integrate, intervals)
+        carry = src.sweep(bwd, {"a": ct.y1, "g": tree_zeros_like(args_diff)})
         return carry["a"], carry["g"]
 
     # -- pieces the subclasses change --------------------------------------------------------------
@@ -425,30 +331,11 @@ class _Continuous(AbstractAdjoint):
             return _Seminorm(base, lambda z: {k: v for k, v in z.items() if k != "g"})
         return base
 
-    on_drift = "raise"
-
 
 def _default_explicit():
     from ..solvers.explicit_rk import Tsit5
 
     return Tsit5()
-
-
-def _report_drift(drift, on_drift: str):
-    def check(d):
-        d = float(np.max(np.asarray(d)))
-        if d > DRIFT_LIMIT:
-            msg = (
-                f"og.Backsolve: the state re-integrated backwards drifted from the forward "
-                f"solution by {d:.3g} tolerances at a save time, so its gradient is not "
-                "trustworthy; the problem is unstable in reverse time (dissipative or stiff). "
-                "Use adjoint=og.Interpolating() (or og.Discrete())."
-            )
-            if on_drift == "raise":
-                raise RuntimeError(msg)
-            warnings.warn(msg, RuntimeWarning, stacklevel=2)
-
-    jax.debug.callback(check, drift)
 
 
 @dataclass(frozen=True)
@@ -502,8 +389,8 @@ class Interpolating(_Continuous):
             )
 
     @property
-    def source(self):  # type: ignore[override]
-        return "dense" if self.checkpoints is None else "steps"
+    def source(self) -> StateSource:
+        return ForwardDense() if self.checkpoints is None else RecomputedSteps(self.checkpoints)
 
 
 @dataclass(frozen=True)
@@ -533,28 +420,11 @@ class Backsolve(_Continuous):
     """
 
     on_drift: str = "raise"
-    source = "backsolve"
 
     def __post_init__(self):
         if self.on_drift not in ("raise", "warn"):
             raise ValueError(f"Backsolve(on_drift={self.on_drift!r}): use 'raise' or 'warn'.")
 
-    def _reset(self, c, label, problem, keep):
-        plan = problem.plan
-        stored, has = None, None
-        if plan.ts is not None and keep["ts_y"] is not None:
-            stored = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], keep["ts_y"])
-            has = label >= 0
-        elif plan.steps and keep["steps_y"] is not None:
-            stored = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], keep["steps_y"])
-            has = label >= 0
-        if stored is None:
-            return c
-        ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
-        ratio = rms_error_ratio(
-            jax.tree.map(jnp.subtract, c["y"], stored), stored, stored, ctrl.rtol, ctrl.atol
-        )
-        ratio = jnp.where(jnp.isfinite(ratio), ratio, jnp.inf)
-        drift = jnp.where(has, jnp.maximum(c["drift"], ratio), c["drift"])
-        y = jax.tree.map(lambda a, b: jnp.where(has, b, a), c["y"], stored)
-        return {**c, "y": y, "drift": drift}
+    @property
+    def source(self) -> StateSource:
+        return Reintegrated(self.on_drift)

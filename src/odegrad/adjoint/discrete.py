@@ -29,7 +29,9 @@ from jax import lax
 
 from .._batching import any_member
 from .._kinks import describe_kinks
-from .._loop import LoopOutput, saves_in_step
+from .._loop import LoopOutput
+from .._recorders import StepRecord
+from .._saving import saved_value, saves_in_step
 from .._tree import tree_add, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
 from .checkpointing import reverse_steps
@@ -115,8 +117,11 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
     # adaptive solves keep their first `checkpoints` states while running forward: a solve that
     # took no more steps needs no recomputation, and a longer one uses them as the workspace
     prefix = not fixed and not store_all
-    record = "all" if store_all or (prefix and keep_state) else "y" if prefix else "times"
-    record_rows = int(checkpoints) if prefix else None
+    record = StepRecord(
+        states=store_all or prefix,
+        solver_states=store_all or (prefix and keep_state),
+        rows=int(checkpoints) if prefix else None,
+    )
 
     def strip(out: LoopOutput) -> LoopOutput:
         return out._replace(record={})
@@ -128,7 +133,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
         return strip(problem.forward(y0, problem.with_args(args_diff)))
 
     def solve_fwd(y0, args_diff):
-        out = problem.forward(y0, problem.with_args(args_diff), record, record_rows)
+        out = problem.forward(y0, problem.with_args(args_diff), (record,))
         rec = out.record
         if out.events is not None:
             rec = {**rec, "which": out.events.which}
@@ -223,10 +228,9 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
                     # the others add nothing
                     valid = i < j1
                     i_ = jnp.minimum(i, plan.ts.shape[0] - 1)
-                    theta = (plan.ts[i_] - starts[k]) / sizes[k]
                     row = jax.tree.map(lambda c: jnp.where(valid, c[i_], 0), ct.ts_ys)
-                    save = lambda d, a: plan.fn(
-                        plan.ts[i_], solver.interpolate(d, theta), problem.with_args(a)
+                    save = lambda d, a: saved_value(
+                        plan, solver, d, i_, starts[k], sizes[k], problem.with_args(a)
                     )
                     if not plan.fn_reads_args:
                         (dcd,) = jax.vjp(lambda d: save(d, args_diff), dense)[1](row)

@@ -22,9 +22,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 from jax.scipy.sparse.linalg import gmres
 
-#: ``linear_solver="auto"`` factorises dense Jacobians up to this many state entries and uses
-#: matrix-free GMRES above (a dense Jacobian costs ``n`` JVPs and ``n^3 / 3`` flops per LU).
-DENSE_MAX = 256
+from .._tuning import tuning
 
 LINEAR_SOLVERS = ("auto", "dense", "gmres")
 
@@ -34,7 +32,7 @@ def check_linear_solver(name, owner: str) -> str:
         raise ValueError(
             f"{owner}(linear_solver={name!r}): use 'dense' (LU of I - gamma*dt*J, small "
             f"states), 'gmres' (matrix-free Newton-Krylov, large states) or 'auto' (dense up "
-            f"to {DENSE_MAX} state entries, else gmres)."
+            f"to {tuning().dense_max} state entries, else gmres)."
         )
     return name
 
@@ -42,7 +40,7 @@ def check_linear_solver(name, owner: str) -> str:
 def resolve(name: str, n: int) -> str:
     """The concrete linear solver for a state of ``n`` entries."""
     if name == "auto":
-        return "dense" if n <= DENSE_MAX else "gmres"
+        return "dense" if n <= tuning().dense_max else "gmres"
     return name
 
 
@@ -161,20 +159,14 @@ class KrylovNewton:
         return data
 
 
-#: Derivative solves of dense systems from this many state entries up run GMRES on the exact
-#: JVP, preconditioned by the Newton iteration's LU, instead of building and factorising the
-#: exact Jacobian at every stage's root (``n`` JVPs and ``n^3 / 3`` flops per stage).
-PRECONDITIONED_MIN = 16
-
-
 def tangent_solver(kind: str, gmres_kw: dict, precond=None, lu=None):
     """``tangent_solve(g, b)`` for :func:`jax.lax.custom_root`: ``g`` is the residual linearised
     at the root (``g = I - c J(z*)``, exact), solved densely, by GMRES, or (dense systems of
-    ``PRECONDITIONED_MIN`` entries or more, given Newton's ``lu`` of ``I - c J0``) by GMRES
+    ``Tuning.preconditioned_min`` entries or more, given Newton's ``lu`` of ``I - c J0``) by GMRES
     preconditioned with that LU (and its transpose for the transposed solve): ``J0`` differs
     from ``J(z*)`` by what Newton's contraction rate measured, so a few iterations reach
     ``tol``. All transposable."""
-    if kind == "dense" and (lu is None or lu[0].shape[0] < PRECONDITIONED_MIN):
+    if kind == "dense" and (lu is None or lu[0].shape[0] < tuning().preconditioned_min):
 
         def solve(g, b):
             mat = jax.jacfwd(g)(jnp.zeros_like(b))

@@ -4,9 +4,9 @@
 really takes, in a ``lax.fori_loop`` (two stages per trip, every state a loop output), with its
 own derivative rules: a ``jax.custom_jvp`` whose tangent is a linear map with a hand-written
 transpose. Forward mode runs the tangent recurrence; reverse mode runs the transposed recurrence,
-stage ``n`` down to 1: for up to :data:`KEPT_STAGES` stages as straight-line code that reads the
+stage ``n`` down to 1: for up to ``Tuning.kept_stages`` stages as straight-line code that reads the
 primal's inputs and outputs and recomputes the stages between them, beyond that over stages it
-recomputes once into a buffer (checkpointed segments beyond :data:`STAGE_MEMORY` bytes).
+recomputes once into a buffer (checkpointed segments beyond ``Tuning.stage_memory`` bytes).
 :mod:`.stabilized` builds RKC, ROCK2 and ROCK4 on it.
 """
 
@@ -21,6 +21,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from .._tree import is_inexact_array, tree_bytes
+from .._tuning import tuning
 
 
 def _lc(*pairs):
@@ -47,28 +48,13 @@ def _like(new, old):
     return jax.tree.map(lambda a, b: jnp.asarray(a, jnp.result_type(b)), new, old)
 
 
-#: Steps of at most this many stages are reversed by straight-line code, one branch per stage
-#: count: the primal pass is the plain loop (it keeps nothing: its inputs ``u_{-1}, u_0`` and
-#: outputs ``u_{n-1}, u_n`` are the residuals) and the reverse pass recomputes ``u_1 ..
-#: u_{n-2}`` (``n - 2`` stages) before it runs the ``n`` transposed stages. No buffer, so no
-#: memory traffic beyond the stages themselves: a buffer is allocated (and, on CPU, zeroed)
-#: whole in every step, and its rows read at a run-time index make XLA:CPU's stencil kernels
-#: several times slower. Longer steps recompute their stages into a buffer of their capacity
-#: class (``8 * KEPT_STAGES``, or the most stages the method takes). Each stage count up to
-#: this is one more branch to compile (``~KEPT_STAGES**2`` stage transposes in all).
-KEPT_STAGES = 6
-#: Bytes that the reverse pass of one step may keep of its stages; beyond that it keeps
-#: checkpoints every ``B`` stages and recomputes one segment of ``B`` stages at a time.
-STAGE_MEMORY = 128 * 2**20
-
-
 def _segment_length(n_max: int, state_bytes: int, budget: int | None = None) -> int:
     """Stages ``B`` per stored segment: every stage while ``n_max`` of them fit in ``budget``,
     else the largest ``B`` with ``B + 2 ceil(n_max / B) + 2`` states in it (at least
     ``~sqrt(2 n_max)``, the fewest states any segment length gives)."""
     if n_max <= 1:
         return 1
-    states = (STAGE_MEMORY if budget is None else budget) // max(state_bytes, 1)
+    states = (tuning().stage_memory if budget is None else budget) // max(state_bytes, 1)
     if n_max + 4 <= states:
         return n_max
     b_min = max(2, math.isqrt(2 * n_max))
@@ -128,11 +114,11 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
       ``stage`` per stage, alongside the primal;
     * reverse mode (``jax.vjp``: the Discrete adjoint): the transposed recurrence, stage ``n``
       down to 1, with one ``jax.vjp`` of ``stage`` (so of ``f``) per stage taken. The primal pass
-      is the plain loop. A step of up to :data:`KEPT_STAGES` stages is reversed by straight-line
+      is the plain loop. A step of up to ``Tuning.kept_stages`` stages is reversed by straight-line
       code (one branch per stage count) that recomputes ``u_1 .. u_{n-2}`` from the primal's
       inputs (``u_{n-1}`` is its output); a step with more is recomputed once by the reverse
       pass into a buffer of its capacity class, and where that would pass
-      :data:`STAGE_MEMORY` bytes, the state pair every ``B`` stages is kept instead and one
+      ``Tuning.stage_memory`` bytes, the state pair every ``B`` stages is kept instead and one
       segment of ``B`` stages at a time is recomputed.
 
     Second derivatives through it are not supported.
@@ -144,7 +130,7 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
     consts = (_sg(consts), th_static)
     xs = _sg(xs)
     n_max = jax.tree.leaves(xs)[0].shape[0]
-    kept = max(1, min(n_max, KEPT_STAGES))
+    kept = max(1, min(n_max, tuning().kept_stages))
     caps = _capacities(n_max, kept)
     state_bytes = tree_bytes(cur)
 
@@ -199,7 +185,7 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
         return _lc((1.0, h), (1.0, c1)), c2, _lc((1.0, ct_th), (1.0, cth))
 
     def straight_back(m, prev, cur, out, thd, cs, xs, n, acc):
-        """The ``m <= KEPT_STAGES`` transposed stages as straight-line code: ``u_1 .. u_{m-2}``
+        """The ``m <= kept_stages`` transposed stages as straight-line code: ``u_1 .. u_{m-2}``
         recomputed (each materialised, so that no stencil recomputes its producer), ``u_{m-1}``
         the primal's output, then stages ``m .. 1`` transposed."""
         us = [prev, cur]  # us[j + 1] = u_j

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._tree import tree_lincomb, tree_size
+from .._tuning import tuning
 from . import tableaus
 from .base import AbstractSolver, StepResult
 from .tableaus import ButcherTableau
@@ -51,10 +52,6 @@ def stage_interpolant(coefficients, dense, theta):
     )
 
 
-#: States with at least this many entries get each stage written to memory before f reads it.
-MATERIALIZE_SIZE = 2048
-
-
 def _materialize(tree, dt):
     """``tree``, written to memory before its consumers run.
 
@@ -63,7 +60,7 @@ def _materialize(tree, dt):
     A conditional is a fusion boundary XLA keeps (an optimization barrier is expanded before
     fusion on CPU). Small states skip it: there the boundary costs more than the recomputation.
     """
-    if tree_size(tree) < MATERIALIZE_SIZE:
+    if tree_size(tree) < tuning().materialize_size:
         return tree
     return lax.cond(
         jnp.isfinite(dt), lambda x: x, lambda x: jax.tree.map(lambda v: v * jnp.nan, x), tree

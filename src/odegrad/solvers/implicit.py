@@ -16,8 +16,9 @@ Each method is data — an :class:`ESDIRKTableau` or a
 
 Linear algebra (:mod:`odegrad.solvers._linear`): ``linear_solver="dense"`` (LU of ``M`` from
 :func:`jax.jacfwd`), ``"gmres"`` (matrix-free Newton–Krylov with JVPs and an optional
-``preconditioner``), or ``"auto"`` (dense up to ``DENSE_MAX`` state entries). States may be any
-pytree: the solvers work on the flattened vector (:func:`jax.flatten_util.ravel_pytree`).
+``preconditioner``), or ``"auto"`` (dense up to ``Tuning.dense_max`` = 256 state entries).
+States may be any pytree: the solvers work on the flattened vector
+(:func:`jax.flatten_util.ravel_pytree`).
 Dense (small) systems unroll the stages; GMRES (large) systems run them in one
 :func:`jax.lax.fori_loop`, so the Newton–Krylov solve is compiled once, not once per stage.
 

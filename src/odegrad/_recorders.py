@@ -1,0 +1,187 @@
+"""What the while loop keeps besides the state: one small recorder object per optional output.
+
+A recorder has a carry of its own in the loop state, in the spirit of optax's transforms::
+
+    state = recorder.init(setup)               # before the loop: buffers of max_steps rows
+    state = recorder.update(state, step, setup)  # after every attempted step
+    outputs = recorder.finish(state, final)    # after the loop: named outputs
+
+``update`` sees a :class:`StepTaken` and writes only when ``step.accept`` (a rejected step writes
+to the out-of-range row ``step.row``, which drops the write). The loop itself knows none of the
+outputs: saves (:mod:`~odegrad._saving`), the event log (:mod:`~odegrad._events`), the dense
+output, the quadrature sum and an adjoint's record are all recorders.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ._tree import tree_fill_rows, tree_set_row
+
+PyTree = Any
+
+
+class LoopSetup(NamedTuple):
+    """What recorders may read before the loop (times in forward time ``tau``)."""
+
+    solver: Any
+    f: Any
+    args: PyTree
+    s: Any  # +1 or -1: real time t = s * tau
+    tau0: Any
+    y0: PyTree
+    st0: PyTree  # the solver's initial state
+    max_steps: int
+    events: Any = None  # the solve's EventSet, or None
+
+    @property
+    def tdtype(self):
+        return jnp.result_type(self.tau0)
+
+    def first_dense(self):
+        """The dense output of a unit step from the start (to trace under ``jax.eval_shape``)."""
+        h = jnp.asarray(self.s, self.tdtype)
+        return self.solver.step(self.f, self.s * self.tau0, h, self.y0, self.args, self.st0).dense
+
+
+class StepTaken(NamedTuple):
+    """One attempted step of the while loop, as recorders see it (forward time)."""
+
+    t: Any  # where it started
+    h: Any  # its size
+    t_new: Any  # where it ended (an event's time when one ended it)
+    y: PyTree  # the state at its start
+    st: PyTree  # the solver state at its start
+    res: Any  # the solver's StepResult (dense output, y1)
+    y_end: PyTree  # the state at its end before any event's jump
+    accept: Any
+    row: Any  # the accepted-step index; out of range (max_steps) when rejected
+    event: Any = None  # StepEvents, when the solve has events
+    event_row: Any = None  # the row of sol.events it wrote (out of range: none)
+
+
+class Recorder(abc.ABC):
+    """One optional output of the while loop: ``init``, ``update`` and ``finish``."""
+
+    @abc.abstractmethod
+    def init(self, setup: LoopSetup) -> PyTree:
+        """The recorder's carry before the first step."""
+
+    @abc.abstractmethod
+    def update(self, state: PyTree, step: StepTaken, setup: LoopSetup) -> PyTree:
+        """The carry after ``step`` (which may be rejected)."""
+
+    @abc.abstractmethod
+    def finish(self, state: PyTree, final) -> dict:
+        """Named outputs from the final carry (``final``: the loop's LoopState)."""
+
+
+@dataclass(frozen=True)
+class StepTimes(Recorder):
+    """Every accepted step's start and size: ``starts`` (``max_steps + 1`` rows, ``inf`` after
+    the last step's end) and ``sizes`` (``max_steps`` rows, 1 after the last step)."""
+
+    def init(self, setup):
+        tdtype, n = setup.tdtype, setup.max_steps
+        return (
+            jnp.full((n + 1,), jnp.inf, tdtype).at[0].set(setup.tau0),
+            jnp.ones((n,), tdtype),
+        )
+
+    def update(self, state, step, setup):
+        starts, sizes = state
+        # the end of accepted step k is the start of row k + 1
+        return (
+            starts.at[step.row + 1].set(step.t_new, mode="drop"),
+            sizes.at[step.row].set(step.h, mode="drop"),
+        )
+
+    def finish(self, state, final):
+        return {"starts": state[0], "sizes": state[1]}
+
+
+@dataclass(frozen=True)
+class DenseRows(Recorder):
+    """Every accepted step's dense output (``sol.evaluate`` and the continuous adjoints)."""
+
+    def init(self, setup):
+        return tree_fill_rows(jax.eval_shape(setup.first_dense), setup.max_steps, 0.0)
+
+    def update(self, state, step, setup):
+        return tree_set_row(state, step.row, step.res.dense)
+
+    def finish(self, state, final):
+        return {"dense": state}
+
+
+@dataclass(frozen=True)
+class Accumulate(Recorder):
+    """``sum over accepted steps of fn(t, dt, dense, args)`` (real time, signed ``dt``): the
+    quadrature adjoint's ``dL/dp``."""
+
+    fn: Any
+
+    def init(self, setup):
+        h = jnp.asarray(setup.s, setup.tdtype)
+        shape = jax.eval_shape(
+            lambda: self.fn(setup.s * setup.tau0, h, setup.first_dense(), setup.args)
+        )
+        return jax.tree.map(jnp.zeros_like, shape)
+
+    def update(self, state, step, setup):
+        s = setup.s
+        contrib = self.fn(s * step.t, s * step.h, step.res.dense, setup.args)
+        return jax.tree.map(lambda a, b: a + jnp.where(step.accept, b, 0), state, contrib)
+
+    def finish(self, state, final):
+        return {"accumulated": state}
+
+
+@dataclass(frozen=True)
+class StepRecord(Recorder):
+    """What a reverse pass needs from the forward while loop, besides :class:`StepTimes`: the
+    starting state of every accepted step (``states``) and its solver state (``solver_states``,
+    compacted by the solver), in the first ``rows`` rows (default every step); with events, also
+    the row of ``sol.events`` each step ended with (-1: none) and where in the step (``theta``).
+
+    Example:
+        >>> problem.forward(record=StepRecord(states=True, rows=16))
+    """
+
+    states: bool = False
+    solver_states: bool = False
+    rows: int | None = None
+
+    def init(self, setup):
+        rows = setup.max_steps if self.rows is None else min(self.rows, setup.max_steps)
+        c = {}
+        if self.states:
+            c["y"] = tree_fill_rows(setup.y0, rows, 0.0)
+        if self.solver_states:
+            c["st"] = tree_fill_rows(setup.solver.compact_state(setup.st0), rows, 0.0)
+        if setup.events is not None:
+            c["ev"] = jnp.full((setup.max_steps,), -1, jnp.int32)
+            c["theta"] = jnp.ones((setup.max_steps,), setup.tdtype)
+        return c
+
+    def update(self, state, step, setup):
+        new = dict(state)
+        if "y" in state:
+            new["y"] = tree_set_row(state["y"], step.row, step.y)
+        if "st" in state:
+            new["st"] = tree_set_row(state["st"], step.row, setup.solver.compact_state(step.st))
+        if "ev" in state:
+            ev = step.event
+            new["ev"] = (
+                state["ev"].at[step.row].set(jnp.where(ev.fired, step.event_row, -1), mode="drop")
+            )
+            new["theta"] = state["theta"].at[step.row].set(ev.theta, mode="drop")
+        return new
+
+    def finish(self, state, final):
+        return {"record": {**state, "n": final.acc}}

@@ -1,0 +1,232 @@
+"""Where a continuous adjoint's backward pass gets the forward state ``y(t)``.
+
+* :class:`ForwardDense` — the forward pass's dense output of every step (``Interpolating()``);
+* :class:`RecomputedSteps` — the forward steps re-taken last first from ``c`` checkpoints, each
+  read through its dense output (``Interpolating(checkpoints=c)``);
+* :class:`Reintegrated` — ``y`` integrated backwards beside the adjoint, reset to the stored
+  forward state at every save time and checked against it (``Backsolve``).
+
+A source changes what the forward pass keeps, how ``y(p)`` is read, what the backward ODE state
+carries beside ``a`` and ``g``, and, for the checkpointed one, the order of the whole sweep; the
+backward pass itself (:mod:`~odegrad.adjoint.continuous`) has no branch on which it is.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._loop import LoopOutput, dense_evaluate
+from .._saving import SavePlan, saves_in_step
+from .._step import Adaptive
+from .._tree import rms_error_ratio, tree_scale
+from .base import Problem
+from .checkpointing import reverse_steps
+
+#: Backsolve flags the reverse pass when the re-integrated state is off by more than this many
+#: forward tolerances at a save time.
+DRIFT_LIMIT = 1e6
+
+
+def _report_drift(drift, on_drift: str):
+    def check(d):
+        d = float(np.max(np.asarray(d)))
+        if d > DRIFT_LIMIT:
+            msg = (
+                f"og.Backsolve: the state re-integrated backwards drifted from the forward "
+                f"solution by {d:.3g} tolerances at a save time, so its gradient is not "
+                "trustworthy; the problem is unstable in reverse time (dissipative or stiff). "
+                "Use adjoint=og.Interpolating() (or og.Discrete())."
+            )
+            if on_drift == "raise":
+                raise RuntimeError(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+
+    jax.debug.callback(check, drift)
+
+
+class Pass(NamedTuple):
+    """One backward pass: its inputs and the pieces a source's sweep puts together."""
+
+    problem: Problem
+    keep: dict  # what the forward pass kept for the backward one
+    y0: Any
+    args_diff: Any
+    jump_at: Callable  # (p, label, c) -> c: the jumps at a breakpoint
+    integrate: Callable  # (c, hi, lo) -> c: the backward ODE from hi down to lo
+    intervals: Callable  # c -> c: every interval between breakpoints, last first
+
+
+class StateSource:
+    """Where the backward pass gets the forward state ``y(t)``; the defaults add nothing."""
+
+    carries = ()  # components of the backward ODE state beside a and g (kept in the carry)
+
+    def forward_plan(self, plan: SavePlan) -> SavePlan:
+        """The forward solve's SavePlan: the user's, plus what this source reads back."""
+        return plan
+
+    def split(self, out: LoopOutput):
+        """The forward output less what this source added to it, and that part."""
+        return out, {}
+
+    def y(self, problem: Problem, keep, c, p, within=None):
+        """The forward state at ``p``, from ``keep`` or the backward carry (or state) ``c``."""
+        raise NotImplementedError
+
+    def rhs(self, f, problem: Problem, p, y, args_diff) -> dict:
+        """d/dp of the :attr:`carries` components at forward time ``p`` and state ``y``."""
+        return {}
+
+    def at_event(self, c, y_before):
+        """The carry once the backward pass crosses an event whose state before it was this."""
+        return c
+
+    def at_breakpoint(self, problem: Problem, keep, c, label):
+        """The carry on reaching a breakpoint (save index ``label``), before its jumps."""
+        return c
+
+    def sweep(self, bwd: Pass, carry):
+        """The backward pass: the carry at the initial time from the one at the final time."""
+        return bwd.intervals(carry)
+
+
+def _from_dense(problem: Problem, dense, p, within):
+    """The state at ``p`` from dense output; at a step boundary from the step on the side of
+    ``within`` (a time inside the interval being integrated: at an event's time the steps on
+    either side hold the states before and after its jump), by default from the step that ends
+    at ``p``, as a save there reads it."""
+    if within is None:  # without events both sides agree: one search
+        return dense_evaluate(problem.solver, dense, p, side="left")
+    return dense_evaluate(problem.solver, dense, p, toward=within)
+
+
+class ForwardDense(StateSource):
+    """The forward pass's dense output of every step (``Interpolating()``)."""
+
+    def forward_plan(self, plan):
+        return replace(plan, dense=True)
+
+    def y(self, problem, keep, c, p, within=None):
+        return _from_dense(problem, keep["dense"], p, within)
+
+
+@dataclass(frozen=True)
+class RecomputedSteps(StateSource):
+    """The forward steps re-taken last first from checkpoints (``Interpolating(checkpoints=c)``),
+    each one's dense output the carry's ``"local"`` while the adjoint crosses that step."""
+
+    checkpoints: int
+
+    def y(self, problem, keep, c, p, within=None):
+        return _from_dense(problem, c["local"], p, within)
+
+    def sweep(self, bwd, carry):
+        problem, keep, jump_at, integrate = bwd.problem, bwd.keep, bwd.jump_at, bwd.integrate
+        plan = problem.plan
+        if problem.grid is not None:
+            starts, n = problem.grid, problem.grid.shape[0] - 1
+            sizes = starts[1:] - starts[:-1]
+        else:
+            starts, sizes, n = keep["starts"], keep["sizes"], keep["n"]
+        args = problem.with_args(bwd.args_diff)
+
+        rec = keep
+        if problem.events is not None:
+            rec = {**keep, "which": keep["events"].which}
+
+        def advance(k, x):
+            res = problem.step(starts[k], sizes[k], x[0], args, x[1])
+            if problem.events is not None:
+                return problem.replay_event(rec, k, starts, res, args)[:2]
+            return res.y1, res.state
+
+        def backward(k, x, c):
+            if problem.progress is not None:
+                problem.progress.backward.every(k, n, 1 - k / n)
+            res = problem.step(starts[k], sizes[k], x[0], args, x[1])
+            one = jax.tree.map(lambda d: d[None], res.dense)
+            c = {**c, "local": (starts[k][None], sizes[k][None], one, 1)}
+            hi = starts[k + 1]
+            if problem.events is not None:  # step k ended with an event: jump first
+                c = jump_at(hi, -2 - rec["ev"][k], c)
+            if plan.steps:  # row k saved the state at the end of step k
+                c = jump_at(hi, k, c)
+            if plan.ts is not None:
+                j0, j1 = saves_in_step(plan.ts, k, starts[k], hi)
+
+                def sub(m, ch):
+                    c_, hi_ = ch
+                    j = j1 - 1 - m
+                    p = plan.ts[j]
+                    c_ = lax.cond(hi_ > p, lambda z: integrate(z, hi_, p), lambda z: z, c_)
+                    return jump_at(p, j, c_), p
+
+                c, hi = lax.fori_loop(0, j1 - j0, sub, (c, hi))
+            lo = starts[k]
+            c = lax.cond(hi > lo, lambda z: integrate(z, hi, lo), lambda z: z, c)
+            c.pop("local")
+            return c
+
+        x0 = (bwd.y0, problem.init_state(bwd.y0, args))
+        return reverse_steps(advance, backward, n, x0, carry, int(self.checkpoints))
+
+
+@dataclass(frozen=True)
+class Reintegrated(StateSource):
+    """The state integrated backwards beside the adjoint (``Backsolve``); at every save time its
+    drift from the stored forward state is measured and it is reset to that state."""
+
+    on_drift: str
+    carries = ("y",)
+
+    def forward_plan(self, plan):
+        # the forward state beside each saved value: what the reset goes back to
+        return replace(plan, fn=lambda t, y, a: (plan.fn(t, y, a), y))
+
+    def split(self, out):
+        kept = {}
+        for name in ("ts_ys", "steps_ys"):  # (value, y) pairs: the user sees the value
+            rows = getattr(out, name)
+            kept[name] = None if rows is None else rows[1]
+            out = out if rows is None else out._replace(**{name: rows[0]})
+        return out, kept
+
+    def y(self, problem, keep, c, p, within=None):
+        return c["y"]
+
+    def rhs(self, f, problem, p, y, args_diff):
+        s = problem.direction
+        return {"y": tree_scale(s, f(s * p, y, problem.with_args(args_diff)))}
+
+    def at_event(self, c, y_before):
+        return {**c, "y": y_before}  # the jump need not be invertible: resume from the stored y-
+
+    def at_breakpoint(self, problem, keep, c, label):
+        rows = keep["ts_ys"] if problem.plan.ts is not None else None
+        if rows is None and problem.plan.steps:
+            rows = keep["steps_ys"]
+        if rows is None:
+            return c
+        stored, has = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], rows), label >= 0
+        ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
+        ratio = rms_error_ratio(
+            jax.tree.map(jnp.subtract, c["y"], stored), stored, stored, ctrl.rtol, ctrl.atol
+        )
+        ratio = jnp.where(jnp.isfinite(ratio), ratio, jnp.inf)
+        drift = jnp.where(has, jnp.maximum(c["drift"], ratio), c["drift"])
+        y = jax.tree.map(lambda a, b: jnp.where(has, b, a), c["y"], stored)
+        return {**c, "y": y, "drift": drift}
+
+    def sweep(self, bwd, carry):
+        drift = jnp.zeros((), bwd.keep["t1"].dtype)  # the worst save's, in tolerances
+        carry = super().sweep(bwd, {**carry, "y": bwd.keep["y1"], "drift": drift})
+        _report_drift(carry["drift"], self.on_drift)
+        return carry
