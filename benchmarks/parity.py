@@ -14,7 +14,14 @@ Workloads, from the scripts they reproduce:
 * ``wave_scan_parity.py``: forward and gradient of ``StepTo(t)``, ``Fixed(dt)`` traced and
   static span (seed 004, N = 64, 2000 steps, float32);
 * ``adjoints.py``: the gradient with every adjoint, Lotka–Volterra (float64) and the N x N
-  diffusion (float32).
+  diffusion (float32);
+* ``neural_ode.py``: an equinox MLP as ``args``, the solve vmapped over 256 trajectories,
+  forward and train step with ``Auto()`` and ``Interpolating()`` (``throw=True``, float32);
+* events: ``vmap(grad)`` of a terminal event's time (64 members, ``Auto()``) and a bouncing
+  ball's gradient with ``Interpolating()`` (float64);
+* stencil: ROCK2 with adaptive steps on a 128 x 128 diffusion, vmapped over 8 members.
+
+Every workload runs with odegrad's defaults where the script does (``throw=True``, ``Auto()``).
 
     python benchmarks/parity.py --ref HEAD [--rounds 30] [--number 3]
 """
@@ -123,10 +130,107 @@ def adjoints_workloads(tag: str) -> dict:
     return out
 
 
+def neural_ode_workloads(tag: str) -> dict:
+    """What users train: an equinox MLP as ``args``, ``Auto()`` and ``throw=True`` (defaults),
+    the solve vmapped over B = 256 trajectories, forward and a jitted train step."""
+    import equinox as eqx
+
+    jax.config.update("jax_enable_x64", False)
+    nn = load_script("neural_ode", tag)
+    args = nn.parse_args(["--batches", "256", "--no-torch", "--no-diffrax"])
+    g = nn.Group(args, nn.Data(256, jnp.float32), "B=256", args.width, 256, False)
+    out = {}
+    for name in ("auto", "interpolating"):
+        make_solve = lambda name=name: nn.batched(g, nn.odegrad_solver(g, name))
+
+        def make_fwd(make_solve=make_solve):
+            solve = make_solve()
+            return lambda params, y0s: solve(eqx.combine(params, g.static), y0s)
+
+        def make_grad(make_solve=make_solve):
+            solve = make_solve()
+
+            def loss(params, y0s, target):
+                return jnp.mean((solve(eqx.combine(params, g.static), y0s)[0] - target) ** 2)
+
+            return jax.value_and_grad(loss)
+
+        for kind, make, inputs in (
+            ("forward", make_fwd, (g.params, g.y0s)),
+            ("gradient", make_grad, (g.params, g.y0s, g.target)),
+        ):
+            out[("neural ODE vmap 256", name, kind)] = (compile_timed(make, inputs), inputs)
+    return out
+
+
+def events_workloads(tag: str) -> dict:
+    """A terminal event's time under ``vmap(grad)`` (64 drop heights, ``Auto()``), and a
+    bouncing ball's final state differentiated by ``Interpolating()`` (the event log and the
+    continuous adjoints' jump conditions)."""
+    import odegrad as og
+
+    jax.config.update("jax_enable_x64", True)
+    fall = lambda t, y, a: jnp.stack([y[1], -a["g"]])
+    floor = lambda t, y, a: y[0]
+    bounce = lambda t, y, a: jnp.stack([y[0], -a["e"] * y[1]])
+    hit = og.Event(floor, direction=-1)
+    bounces = og.Event(floor, direction=-1, terminal=False, update=bounce)
+    step = og.Adaptive(rtol=1e-10, atol=1e-10)
+
+    def t_star(p):
+        sol = og.solve(fall, p[:2], (0.0, 5.0), {"g": p[2]}, events=hit, step=step)
+        return sol.ts[-1]
+
+    def final(p):
+        args = {"g": p[2], "e": p[3]}
+        sol = og.solve(fall, p[:2], (0.0, 3.0), args, events=bounces, step=step,
+                       adjoint=og.Interpolating())  # fmt: skip
+        return jnp.sum(sol.ys[-1] ** 2)
+
+    batch = jnp.stack([jnp.linspace(0.5, 4.0, 64), jnp.full(64, 2.0), jnp.full(64, 9.81)], 1)
+    p_bounce = (jnp.asarray([1.0, 0.0, 9.81, 0.8]),)
+    return {
+        ("events", "grad t*, vmap 64", "gradient"): (
+            compile_timed(lambda: jax.vmap(jax.grad(t_star)), (batch,)),
+            (batch,),
+        ),
+        ("events", "bouncing ball", "gradient"): (
+            compile_timed(lambda: jax.grad(final), p_bounce),
+            p_bounce,
+        ),
+    }
+
+
+def stencil_workloads(tag: str) -> dict:
+    """ROCK2 (default power-iteration estimate) with adaptive steps on a 128 x 128 periodic
+    diffusion, vmapped over 8 diffusivities: the members' estimates age apart under vmap."""
+    import odegrad as og
+
+    jax.config.update("jax_enable_x64", False)
+    n = 128
+
+    def f(t, y, a):
+        lap = jnp.roll(y, 1, 0) + jnp.roll(y, -1, 0) + jnp.roll(y, 1, 1) + jnp.roll(y, -1, 1)
+        return a * (lap - 4 * y) * n * n
+
+    y0 = jnp.sin(jnp.linspace(0, 6, n))[:, None] * jnp.cos(jnp.linspace(0, 3, n))[None, :]
+    a = (jnp.linspace(0.5, 1.0, 8),)
+
+    def make():
+        step = og.Adaptive(1e-5, 1e-5)
+        one = lambda a_: og.solve(f, y0, (0.0, 0.02), a_, solver=og.ROCK2(), step=step).ys[-1]
+        return jax.vmap(one)
+
+    return {("ROCK2 adaptive 128^2", "vmap 8", "forward"): (compile_timed(make, a), a)}
+
+
 WORKLOADS = {
     "lotka_volterra": lotka_volterra_workloads,
     "wave_scan_parity": wave_workloads,
     "adjoints": adjoints_workloads,
+    "neural_ode": neural_ode_workloads,
+    "events": events_workloads,
+    "stencil": stencil_workloads,
 }
 
 

@@ -400,6 +400,29 @@ def test_recurrence_gradient_under_vmap():
     np.testing.assert_allclose(batched, [jax.grad(loss)(ai) for ai in a], rtol=1e-6)
 
 
+def test_spectral_radius_refresh_under_vmap_equals_each_member():
+    """Under vmap the members' estimates age differently (rejections differ): a step refreshes
+    the estimate of the members due and keeps the others' (the branch runs when any member is
+    due), exactly as each member's step alone does."""
+    f, _, x = heat(24)
+    solver = og.ROCK2(rho_every=3)
+    y0s = jnp.stack([smooth_y0(x), 0.5 * smooth_y0(x) ** 2])
+    a = jnp.asarray([0.7, 1.3])
+    states = jax.vmap(lambda y, a_: solver.init(f, 0.0, y, a_))(y0s, a)
+    f0, rho, v, age = states
+    # member 0 stale (not due), member 1 due; rho set off the truth so a refresh shows
+    states = (f0, 0.5 * rho, v, jnp.asarray([0.0, 2.0], age.dtype))
+    step = lambda y, a_, st: solver.step(f, 0.0, 1e-4, y, a_, st)
+    batched = jax.jit(jax.vmap(step))(y0s, a, states)
+    for i in range(2):
+        alone = step(y0s[i], a[i], jax.tree.map(lambda s_: s_[i], states))
+        for got, want in zip(jax.tree.leaves(batched), jax.tree.leaves(alone), strict=True):
+            np.testing.assert_allclose(got[i], want, rtol=1e-13, atol=1e-13)
+    new_rho, new_age = batched.state[1], batched.state[3]
+    assert new_rho[0] == 0.5 * rho[0] and new_age[0] == 1  # kept, one step older
+    assert new_rho[1] != 0.5 * rho[1] and new_age[1] == 0  # refreshed
+
+
 def test_float32_state_with_float64_step_under_x64():
     """A float32 state and times with a Python-float step under x64 (as the continuous
     adjoints probe the dense output): the recurrence keeps its carried dtypes."""

@@ -214,7 +214,7 @@ def while_loop(
     st0 = solver.init(f, s * tau0, y0, args)
     h0, init_evals, floor = _first_step(solver, control, f, args, s, tau0, tau1, y0, st0)
     setup = LoopSetup(solver, f, args, s, tau0, y0, st0, max_steps, events)
-    recorders = _recorders(plan, record, events)
+    recorders = _recorders_for(plan, record, events)
     c = LoopState(
         t=tau0,
         y=y0,
@@ -368,7 +368,7 @@ def while_loop(
     )
 
 
-def _recorders(plan: SavePlan, record: tuple[Recorder, ...], events) -> list[Recorder]:
+def _recorders_for(plan: SavePlan, record: tuple[Recorder, ...], events) -> list[Recorder]:
     """The saves ``plan`` asks for, the dense output, the event log, then ``record``."""
     recorders: list[Recorder] = []
     if plan.ts is not None:

@@ -51,7 +51,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._tree import is_inexact_array
+from .._batching import any_member
+from .._tree import is_inexact_array, tree_where
 from . import _rock_coefficients as _rc
 from ._recurrence import _lc, _like, _sg, two_step_recurrence
 from .base import AbstractSolver, StepResult
@@ -225,11 +226,14 @@ class _Stabilized(AbstractSolver):
         if self.spectral_radius is not None:
             return *self._rho(f, t1, y1, args, v, 0), age, 0
         refresh = age + 1 >= self.rho_every
-        rho1, v1 = lax.cond(
-            refresh,
-            lambda: self._rho(f, t1, y1, args, v, self.power_iters),
-            lambda: (rho, v),
-        )
+
+        def fresh():
+            rho_n, v_n = self._rho(f, t1, y1, args, v, self.power_iters)
+            return jnp.where(refresh, rho_n, rho), tree_where(refresh, v_n, v)
+
+        # under vmap the members' ages differ: the branch runs when any member refreshes (a
+        # batched predicate would run the power iteration for every member on every step)
+        rho1, v1 = lax.cond(any_member(refresh), fresh, lambda: (rho, v))
         age1 = jnp.where(refresh, 0, age + 1).astype(age.dtype)
         return rho1, v1, age1, jnp.where(refresh, self.power_iters, 0)
 
