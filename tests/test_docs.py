@@ -55,6 +55,7 @@ def test_example_mixed_state_gpu():
     assert "largest relative difference between adjoints" in out
 
 
+@pytest.mark.slow  # a long compile; the docs' other examples stay in the default run
 def test_example_diffusion3d():
     """Seed 001 (about 11 s on 2 CPU cores)."""
     out = _run_example("diffusion3d.py")
@@ -83,6 +84,7 @@ def test_example_neural_ode():
     assert "final loss on all 256 trajectories" in out
 
 
+@pytest.mark.slow  # a long compile; the docs' other examples stay in the default run
 def test_example_bouncing_ball():
     """Issue 14: restitution and drop height fitted through the bounces (about 10 s); the
     fit must land near the truth, not merely run."""

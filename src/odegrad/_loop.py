@@ -391,17 +391,13 @@ def dense_evaluate(solver, dense, tau, side: str = "right", toward=None):
     (``"left"``: the state just before an event's jump); with ``toward``, the step on the side
     of that time (an integration over an interval passes its midpoint)."""
     starts, sizes, data, n = dense
+    # a few rows (a window of steps): one comparison each, no binary-search loop to compile
+    method = "compare_all" if starts.shape[0] <= 16 else "scan"
+    search = lambda side_: jnp.searchsorted(starts, tau, side=side_, method=method)
     if toward is None:
-        k = jnp.searchsorted(starts, tau, side=side) - 1
+        k = search(side) - 1
     else:
-        k = (
-            jnp.where(
-                toward < tau,
-                jnp.searchsorted(starts, tau, side="left"),
-                jnp.searchsorted(starts, tau, side="right"),
-            )
-            - 1
-        )
+        k = jnp.where(toward < tau, search("left"), search("right")) - 1
     k = jnp.clip(k, 0, n - 1)
     theta = (tau - starts[k]) / sizes[k]
     return solver.interpolate(jax.tree.map(lambda x: x[k], data), theta)

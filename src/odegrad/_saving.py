@@ -42,6 +42,8 @@ class SavePlan:
     #: False when ``fn`` ignores ``args`` (the default, the state itself): reverse passes then
     #: skip the saves' parameter cotangent (under vmap, one per member and per save)
     fn_reads_args: bool = True
+    #: ``fn`` returns the state itself (no ``SaveAt(fn=...)``)
+    fn_is_state: bool = False
     #: how many copies of each saved row a batching transform around the loop will carry (the
     #: forward-sensitivity adjoint's tangent directions); sizes the save buffer's chunks.
     lanes: int = 1

@@ -178,6 +178,7 @@ def _build_problem(
         dense=saveat.dense,
         slots=slots,
         fn_reads_args=saveat.fn is not None,
+        fn_is_state=saveat.fn is None,
         lanes=batch,
     )
     if isinstance(step, Adaptive) and hasattr(solver, "with_tolerances"):

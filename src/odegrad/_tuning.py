@@ -40,6 +40,10 @@ class Tuning:
     #: the step count) only while that buffer is at most this big: on a 64x64 diffusion (Tsit5)
     #: a 256 MiB buffer made the gradient 18 ms against 1.2 ms with 64 slots.
     adaptive_all_bytes: int = 8 * 2**20
+    #: ``Interpolating()`` keeps every step's dense output up to this: re-taking the forward
+    #: steps costs it more than ``Discrete`` (its backward solve restarts at each one). Neural
+    #: ODE, 100 saves, vmap 256 (a 68 MiB buffer): train step 0.42 s against 1.2 s re-taking.
+    adaptive_dense_bytes: int = 128 * 2**20
     #: otherwise it keeps at most this many states, filled by the forward pass: ~2000 steps
     #: reverse with 64 slots in two recomputing sweeps, so more slots mostly cost allocation.
     adaptive_slots: int = 64
@@ -66,6 +70,16 @@ class Tuning:
     #: bytes the reverse pass of one ROCK/RKC step may keep of its stages; beyond that it keeps
     #: a checkpoint every ``B`` stages and recomputes one segment at a time.
     stage_memory: int = 128 * 2**20
+    #: saves a continuous adjoint's backward step may carry as columns (adjoint/columns.py):
+    #: each costs one more column in every stage's product; fewer force shorter steps.
+    adjoint_columns: int = 16
+    #: ... and its step reaches over at most this many forward steps, so the columns read the
+    #: forward dense output from a window of rows (Lotka–Volterra, 20 saves: a search of all
+    #: max_steps rows per read cost more than the stepping)
+    column_window_steps: int = 4
+    #: ... and carries at most this many state entries in its extra columns (a step with a
+    #: single save inside pays for every column)
+    column_entries: int = 1 << 14
     #: ``linear_solver="auto"`` factorises dense Jacobians up to this many state entries and
     #: runs matrix-free GMRES above (a dense Jacobian costs ``n`` JVPs and ``n^3 / 3`` flops).
     dense_max: int = 256

@@ -16,9 +16,12 @@ The methods differ only in where the backward pass gets ``y(t)`` and how it inte
   forward state at every save time.
 
 All times inside are forward time ``p = s t`` (``s = -1`` for backward solves). The backward solve
-stops at every save time (the adjoint jumps there), at every grid point for fixed grids, and at
-checkpoint-segment ends. Backward error control leaves ``dL/dp`` out of the norm (the seminorm of
-Kidger, Chen and Lyons, "Hey, that's not an ODE", ICML 2021).
+stops at every grid point for fixed grids, at events and at checkpoint-segment ends. The adjoint
+jumps at every save time: with an adaptive explicit backward solver and a source that reads
+``y`` anywhere (not Backsolve), the saves inside a backward step ride in it as extra columns
+(:mod:`~odegrad.adjoint.columns`); otherwise the backward solve stops at each. Backward error
+control leaves ``dL/dp`` out of the norm (the seminorm of Kidger, Chen and Lyons, "Hey, that's
+not an ODE", ICML 2021).
 """
 
 from __future__ import annotations
@@ -38,8 +41,10 @@ from .._loop import LoopOutput, RuntimeGrid, while_loop
 from .._recorders import Accumulate, StepRecord
 from .._saving import SavePlan
 from .._step import AbstractStep, Adaptive
-from .._tree import tree_add, tree_bytes, tree_scale, tree_zeros_like
+from .._tree import tree_add, tree_bytes, tree_scale, tree_size, tree_where, tree_zeros_like
+from .._tuning import tuning
 from .base import AbstractAdjoint, Problem, call_custom_vjp
+from .columns import ColumnSolver, SaveColumns
 from .memory import CheckpointPolicy, checkpoint_policy
 from .sources import ForwardDense, Pass, RecomputedSteps, Reintegrated, StateSource
 
@@ -93,7 +98,7 @@ class _Continuous(AbstractAdjoint):
         fwd_problem = replace(problem.without_scan_tap(), plan=src.forward_plan(plan))
 
         def split(out: LoopOutput):
-            out, keep = src.split(out)
+            out, keep = src.split(out, plan)
             keep.update(dense=out.dense, t1=out.t1, y1=out.y1, events=out.events)
             if not plan.dense:
                 out = out._replace(dense=None)
@@ -130,7 +135,14 @@ class _Continuous(AbstractAdjoint):
                 _, pull = jax.vjp(lambda y_, a_: f(t, y_, problem.with_args(a_)), y, args_diff)
                 return pull(ct)
 
-            return f, vjp
+            def vjp_columns(t, y, args_diff, ct):
+                # one product over the columns: dL/dp summed inside it (for a dense layer a
+                # matrix product), not one parameter-sized cotangent per column
+                each = lambda a_: jax.vmap(lambda t_, y_: f(t_, y_, problem.with_args(a_)))
+                _, pull = jax.vjp(lambda y_, a_: each(a_)(t, y_), y, args_diff)
+                return pull(ct)
+
+            return f, vjp, vjp_columns
         if any(isinstance(c, jax.core.Tracer) for c in jax.tree.leaves(problem.args[1:])):
             raise ValueError(
                 f"{type(self).__name__}(vjp=...): f (or SaveAt.fn) closes over arrays; pass them "
@@ -145,7 +157,11 @@ class _Continuous(AbstractAdjoint):
             (ct_args,) = pull(problem.user_arrays(ct_user))
             return ct_y, ct_args
 
-        return f, vjp
+        def vjp_columns(t, y, args_diff, ct):
+            cy, ca = jax.vmap(vjp, in_axes=(0, 0, None, 0))(t, y, args_diff, ct)
+            return cy, jax.tree.map(lambda x: jnp.sum(x, 0), ca)
+
+        return f, vjp, vjp_columns
 
     # -- the backward pass ------------------------------------------------------------------------
     def _backward(self, problem: Problem, y0, args_diff, keep, ct: LoopOutput):
@@ -156,7 +172,7 @@ class _Continuous(AbstractAdjoint):
                 "(sol.evaluate); use og.Discrete() to differentiate through sol.evaluate.",
                 stacklevel=2,
             )
-        f, vjp = self._rhs_and_vjp(problem)
+        f, vjp, vjp_columns = self._rhs_and_vjp(problem)
         solver_b = problem.solver.adjoint_solver() if self.solver is None else self.solver
         if solver_b.partitioned:  # the backward state is not a (u, v) pair
             solver_b = _default_explicit()
@@ -164,9 +180,25 @@ class _Continuous(AbstractAdjoint):
         control = self._backward_control(problem)
         if isinstance(control, Adaptive | _Seminorm) and hasattr(solver_b, "with_tolerances"):
             solver_b = solver_b.with_tolerances(control.rtol, control.atol)
-        points, labels, count = self._breakpoints(problem, keep)
+        # saves as columns of the backward steps (columns.py), where y is readable anywhere
+        columns = (
+            tuning().adjoint_columns > 0
+            and src.reads_anywhere
+            and plan.ts is not None
+            and isinstance(control, Adaptive | _Seminorm)
+            and getattr(solver_b, "tableau", None) is not None  # explicit: the columns decouple
+        )
+        points, labels, count = self._breakpoints(problem, keep, with_ts=not columns)
         tdtype = points.dtype
         y_at = partial(src.y, problem, keep)
+        saves, g0 = None, tree_zeros_like(args_diff)
+        # columns cost one evaluation of f each per stage: fewer for a large state, and no more
+        # than there are saves
+        n_columns = min(tuning().adjoint_columns, tuning().column_entries // tree_size(ct.y1))
+        n_columns = max(1, min(n_columns, 0 if plan.ts is None else plan.ts.shape[0]))
+        if columns:
+            ys = src.states_at_saves(problem, keep)
+            saves, g0 = self._save_columns(problem, keep, ys, args_diff, ct)
 
         def rhs_for(c, within):
             """d(state)/dp for the backward state z = (a, g, src.carries) in forward time p."""
@@ -181,8 +213,15 @@ class _Continuous(AbstractAdjoint):
 
             return rhs
 
+        def rates(read, p, a, w, a_diff, with_g):
+            """The columns' rates (see :class:`ColumnSolver`) at forward times ``p``."""
+            y = jax.vmap(read)(p)
+            ct_ = jax.tree.map(lambda x: x * w.reshape((-1,) + (1,) * (x.ndim - 1)), a)
+            cy, ca = vjp_columns(s * p, y, a_diff, ct_)
+            return tree_scale(-s, cy), tree_scale(-s, ca) if with_g else None
+
         def quadrature_for(c, within):
-            nodes, weights = gauss_legendre(max(1, -(-(solver_b.order + 1) // 2)))
+            nodes, weights = gauss_legendre(self._nodes(solver_b))
 
             def accumulate(t, dt, dense, a_diff):
                 total = tree_zeros_like(args_diff)
@@ -217,9 +256,10 @@ class _Continuous(AbstractAdjoint):
             if problem.events is not None:  # labels -2 - row mark events
                 c = lax.cond(label <= -2, lambda c_: event_at(-2 - label, c_), lambda c_: c_, c)
             c = src.at_breakpoint(problem, keep, c, label)
-            if plan.ts is None and not plan.steps:
+            ts_labels = plan.ts is not None and not columns  # (columns: none are breakpoints)
+            if not ts_labels and not plan.steps:
                 return c
-            rows = ct.ts_ys if plan.ts is not None else ct.steps_ys
+            rows = ct.ts_ys if ts_labels else ct.steps_ys
             y = y_at(c, p)
             row = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], rows)
             _, pull = jax.vjp(lambda y_, a_: plan.fn(p, y_, problem.with_args(a_)), y, args_diff)
@@ -239,9 +279,16 @@ class _Continuous(AbstractAdjoint):
             within = None if problem.events is None else 0.5 * (hi + lo)
             rhs = rhs_for(c, within)
             acc = quadrature_for(c, within) if self.quadrature else None
+            solver = solver_b
+            if columns:
+                reader = partial(src.reader, problem, keep, c, within=within)
+                nodes = gauss_legendre(self._nodes(solver_b)) if self.quadrature else None
+                solver = ColumnSolver(solver_b, saves, n_columns, reader, rates, lo, nodes)
+                # the column step computes its quadrature: its "dense output" is that sum
+                acc = (lambda t, dt, dense, a: dense) if self.quadrature else None
             if isinstance(control, Adaptive | _Seminorm):
                 out = while_loop(
-                    solver_b,
+                    solver,
                     rhs,
                     args_diff,
                     z,
@@ -269,18 +316,60 @@ class _Continuous(AbstractAdjoint):
             if problem.progress is not None:
                 problem.progress.backward.every(k + 1, count - 1, (k + 1) / (count - 1))
             hi, lo = points[i], points[i - 1]
-            c = jump(i, c)
+            c = absorb(i, jump(i, c))
             return lax.cond(hi > lo, lambda c_: integrate(c_, hi, lo), lambda c_: c_, c)
 
-        def intervals(c):
-            return jump(0, lax.fori_loop(0, count - 1, interval, c))
+        def absorb(i, c):
+            """With columns: the saves at breakpoint ``i``, once per distinct time (the top of a
+            run of equal breakpoints), after its jumps."""
+            if saves is None:
+                return c
+            top = (i == count - 1) | (points[jnp.minimum(i + 1, points.shape[0] - 1)] > points[i])
+            return absorb_at(points[i], c, top)
 
-        bwd = Pass(problem, keep, y0, args_diff, jump_at, integrate, intervals)
-        carry = src.sweep(bwd, {"a": ct.y1, "g": tree_zeros_like(args_diff)})
+        def absorb_at(p, c, when=True):
+            return {**c, "a": tree_where(when, saves.absorb(c["a"], p), c["a"])}
+
+        def intervals(c):
+            return absorb(0, jump(0, lax.fori_loop(0, count - 1, interval, c)))
+
+        bwd = Pass(
+            problem,
+            keep,
+            y0,
+            args_diff,
+            jump_at,
+            integrate,
+            intervals,
+            absorb_at if columns else None,
+        )
+        carry = src.sweep(bwd, {"a": ct.y1, "g": g0})
         return carry["a"], carry["g"]
 
+    def _save_columns(self, problem: Problem, keep, ys, args_diff, ct):
+        """The saves' jumps of ``a`` (merged per time) from the states there, and the sum of
+        their ``dL/dp``, in one product over the saves; saves past where the solve stopped
+        take no part."""
+        plan = problem.plan
+        valid = plan.ts <= keep["t1"]
+        rows = jax.tree.map(
+            lambda r: jnp.where(valid.reshape((-1,) + (1,) * (r.ndim - 1)), r, 0), ct.ts_ys
+        )
+
+        def saved(y_, a_):
+            return jax.vmap(lambda p, y: plan.fn(p, y, problem.with_args(a_)))(plan.ts, y_)
+
+        _, pull = jax.vjp(saved, ys, args_diff)
+        cy, ca = pull(rows)
+        return SaveColumns.merge(plan.ts, cy, valid), ca
+
+    @staticmethod
+    def _nodes(solver) -> int:
+        """Gauss–Legendre nodes per backward step: exact to the solver's order."""
+        return max(1, -(-(solver.order + 1) // 2))
+
     # -- pieces the subclasses change --------------------------------------------------------------
-    def _breakpoints(self, problem: Problem, keep):
+    def _breakpoints(self, problem: Problem, keep, with_ts: bool = True):
         """Times where the backward solve stops (ascending forward time), the save index at each
         (-1: none), and how many there are."""
         plan = problem.plan
@@ -295,7 +384,7 @@ class _Continuous(AbstractAdjoint):
             base = jnp.stack([problem.tau0, keep["t1"]])
             lab = jnp.array([-1, -1])
         pieces = [(base, lab)]
-        if plan.ts is not None:
+        if plan.ts is not None and with_ts:
             pieces.append((plan.ts, jnp.arange(plan.ts.shape[0])))
         if problem.events is not None:  # last: at an equal time the jump comes first, backwards
             log = keep["events"]
@@ -345,7 +434,7 @@ class Interpolating(_Continuous):
     Args:
         checkpoints: ``None`` keeps the dense output of every forward step while that fits in
             ``memory_budget`` (fixed grids: every step; adaptive: ``max_steps`` rows, up to
-            8 MiB), and otherwise behaves as an int (adaptive: at most 64). An int ``c`` keeps
+            128 MiB), and otherwise behaves as an int (adaptive: at most 64). An int ``c`` keeps
             only the step sizes in the forward pass; the backward pass obtains the forward states
             last-first from ``c`` checkpoints on a binomial (revolve) schedule and re-takes each
             step for its dense output: memory ``c`` states plus one step, whatever the step
@@ -372,7 +461,8 @@ class Interpolating(_Continuous):
             problem.y0,
             problem.args,
         )
-        return checkpoint_policy(problem, tree_bytes(dense), self.memory_budget)
+        adaptive_all = tuning().adaptive_dense_bytes
+        return checkpoint_policy(problem, tree_bytes(dense), self.memory_budget, adaptive_all)
 
     def run(self, problem: Problem) -> LoopOutput:
         checkpoints = self.policy(problem).checkpoints

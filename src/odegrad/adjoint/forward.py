@@ -205,7 +205,7 @@ def _augmented_solve(problem: Problem, y0, args_diff, dy0, dargs):
         args_diff=args_diff,
         combine=lambda a: a,
         control=_SensitivityNorm(problem.control, tree_size(y0)),
-        plan=dataclasses.replace(problem.plan, fn=fn_aug, fn_reads_args=True),
+        plan=dataclasses.replace(problem.plan, fn=fn_aug, fn_reads_args=True, fn_is_state=False),
     )
     out = aug.forward()
     n_rows = out.stats["accepted"]

@@ -24,7 +24,10 @@ class CheckpointPolicy(NamedTuple):
 
 
 def checkpoint_policy(
-    problem: Problem, step_record_bytes: int, budget: int | None = None
+    problem: Problem,
+    step_record_bytes: int,
+    budget: int | None = None,
+    adaptive_all: int | None = None,
 ) -> CheckpointPolicy:
     """Keep every step's record of ``step_record_bytes`` (per member) while it fits, else
     checkpoints.
@@ -32,8 +35,8 @@ def checkpoint_policy(
     * A grid known at trace time keeps all ``n`` records while ``n * record * batch <= budget``;
       otherwise ``budget // (state * batch)`` checkpoints (at least 2, at most ``n``).
     * An adaptive solve allocates ``max_steps`` rows whatever it takes, and fresh memory costs
-      (page faults on CPU), so it keeps all only while that buffer is at most
-      ``tuning().adaptive_all_bytes`` (and the budget). Otherwise its forward pass keeps its
+      (page faults on CPU), so it keeps all only while that buffer is at most ``adaptive_all``
+      (default ``tuning().adaptive_all_bytes``) and the budget. Otherwise its forward pass keeps its
       first ``c`` states: ``c`` at most ``adaptive_slots``, within ``adaptive_prefix_bytes``
       unless that leaves fewer than ``adaptive_min_slots``, and within the budget.
     """
@@ -59,7 +62,7 @@ def checkpoint_policy(
             "recomputed on a binomial (revolve) schedule",
         )
     rows = problem.max_steps * step_record_bytes * batch
-    keep_all = min(budget, t.adaptive_all_bytes)
+    keep_all = min(budget, t.adaptive_all_bytes if adaptive_all is None else adaptive_all)
     if rows <= keep_all:
         return CheckpointPolicy(
             "all",

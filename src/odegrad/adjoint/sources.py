@@ -27,6 +27,7 @@ from .._loop import LoopOutput, dense_evaluate
 from .._saving import SavePlan, saves_in_step
 from .._step import Adaptive
 from .._tree import rms_error_ratio, tree_scale
+from .._tuning import tuning
 from .base import Problem
 from .checkpointing import reverse_steps
 
@@ -62,23 +63,39 @@ class Pass(NamedTuple):
     jump_at: Callable  # (p, label, c) -> c: the jumps at a breakpoint
     integrate: Callable  # (c, hi, lo) -> c: the backward ODE from hi down to lo
     intervals: Callable  # c -> c: every interval between breakpoints, last first
+    #: (p, c, when) -> c: add the jumps of the saves at exactly p, when the saves ride in the
+    #: backward steps as columns (None: they are breakpoints)
+    absorb: Callable | None = None
 
 
 class StateSource:
     """Where the backward pass gets the forward state ``y(t)``; the defaults add nothing."""
 
     carries = ()  # components of the backward ODE state beside a and g (kept in the carry)
+    #: ``y`` at any time of a backward interval (not only along the backward solve's path), so
+    #: the saves can enter the backward steps as columns (:mod:`~odegrad.adjoint.columns`)
+    reads_anywhere = False
 
     def forward_plan(self, plan: SavePlan) -> SavePlan:
         """The forward solve's SavePlan: the user's, plus what this source reads back."""
         return plan
 
-    def split(self, out: LoopOutput):
-        """The forward output less what this source added to it, and that part."""
+    def split(self, out: LoopOutput, plan: SavePlan):
+        """The forward output less what this source added to the user's ``plan``, and that
+        part."""
         return out, {}
 
     def y(self, problem: Problem, keep, c, p, within=None):
         """The forward state at ``p``, from ``keep`` or the backward carry (or state) ``c``."""
+        raise NotImplementedError
+
+    def reader(self, problem: Problem, keep, c, hi, within=None):
+        """For a backward step from ``hi``: ``read(p)``, the state at a time ``p <= hi``, and
+        the earliest time it reaches (the step must not go below it)."""
+        return (lambda p: self.y(problem, keep, c, p, within)), -jnp.inf
+
+    def states_at_saves(self, problem: Problem, keep):
+        """The forward state at every save time (rows), for sources that read anywhere."""
         raise NotImplementedError
 
     def rhs(self, f, problem: Problem, p, y, args_diff) -> dict:
@@ -98,6 +115,21 @@ class StateSource:
         return bwd.intervals(carry)
 
 
+def _with_states(plan: SavePlan) -> SavePlan:
+    """``plan`` saving the state beside each saved value."""
+    return replace(plan, fn=lambda t, y, a: (plan.fn(t, y, a), y), fn_is_state=False)
+
+
+def _split_states(out: LoopOutput):
+    """A :func:`_with_states` output as the user's, and the states saved beside it."""
+    kept = {}
+    for name in ("ts_ys", "steps_ys"):  # (value, y) pairs: the user sees the value
+        rows = getattr(out, name)
+        kept[name] = None if rows is None else rows[1]
+        out = out if rows is None else out._replace(**{name: rows[0]})
+    return out, kept
+
+
 def _from_dense(problem: Problem, dense, p, within):
     """The state at ``p`` from dense output; at a step boundary from the step on the side of
     ``within`` (a time inside the interval being integrated: at an event's time the steps on
@@ -111,11 +143,27 @@ def _from_dense(problem: Problem, dense, p, within):
 class ForwardDense(StateSource):
     """The forward pass's dense output of every step (``Interpolating()``)."""
 
+    reads_anywhere = True
+
     def forward_plan(self, plan):
         return replace(plan, dense=True)
 
     def y(self, problem, keep, c, p, within=None):
         return _from_dense(problem, keep["dense"], p, within)
+
+    def states_at_saves(self, problem, keep):
+        return jax.vmap(lambda p: _from_dense(problem, keep["dense"], p, None))(problem.plan.ts)
+
+    def reader(self, problem, keep, c, hi, within=None):
+        # a window of the forward steps at and below hi: a step's many reads (every column at
+        # every stage) search a few rows, not the whole max_steps-row buffer
+        starts, sizes, data, n = keep["dense"]
+        rows = min(tuning().column_window_steps, starts.shape[0])
+        last = jnp.clip(jnp.searchsorted(starts, hi, side="left") - 1, 0, n - 1)
+        first = jnp.maximum(last - rows + 1, 0)
+        take = lambda x: lax.dynamic_slice_in_dim(x, first, rows)
+        window = (take(starts), take(sizes), jax.tree.map(take, data), last - first + 1)
+        return (lambda p: _from_dense(problem, window, p, within)), starts[first]
 
 
 @dataclass(frozen=True)
@@ -124,6 +172,22 @@ class RecomputedSteps(StateSource):
     each one's dense output the carry's ``"local"`` while the adjoint crosses that step."""
 
     checkpoints: int
+    reads_anywhere = True  # inside the re-taken step whose dense output the carry holds
+
+    def forward_plan(self, plan):
+        # the state at each save, for the saves' jumps (the saves are it unless SaveAt(fn=...))
+        return plan if plan.ts is None or plan.fn_is_state else _with_states(plan)
+
+    def split(self, out, plan):
+        if plan.ts is None:
+            return out, {}
+        if plan.fn_is_state:
+            return out, {"save_ys": out.ts_ys}
+        out, kept = _split_states(out)
+        return out, {"save_ys": kept["ts_ys"]}
+
+    def states_at_saves(self, problem, keep):
+        return keep["save_ys"]
 
     def y(self, problem, keep, c, p, within=None):
         return _from_dense(problem, c["local"], p, within)
@@ -159,7 +223,10 @@ class RecomputedSteps(StateSource):
                 c = jump_at(hi, -2 - rec["ev"][k], c)
             if plan.steps:  # row k saved the state at the end of step k
                 c = jump_at(hi, k, c)
-            if plan.ts is not None:
+            if plan.ts is not None and bwd.absorb is not None:
+                # the saves inside the step ride in its backward steps as columns
+                c = bwd.absorb(hi, c, hi > starts[k])
+            elif plan.ts is not None:
                 j0, j1 = saves_in_step(plan.ts, k, starts[k], hi)
 
                 def sub(m, ch):
@@ -176,7 +243,8 @@ class RecomputedSteps(StateSource):
             return c
 
         x0 = (bwd.y0, problem.init_state(bwd.y0, args))
-        return reverse_steps(advance, backward, n, x0, carry, int(self.checkpoints))
+        carry = reverse_steps(advance, backward, n, x0, carry, int(self.checkpoints))
+        return carry if bwd.absorb is None else bwd.absorb(starts[0], carry)
 
 
 @dataclass(frozen=True)
@@ -189,15 +257,10 @@ class Reintegrated(StateSource):
 
     def forward_plan(self, plan):
         # the forward state beside each saved value: what the reset goes back to
-        return replace(plan, fn=lambda t, y, a: (plan.fn(t, y, a), y))
+        return _with_states(plan)
 
-    def split(self, out):
-        kept = {}
-        for name in ("ts_ys", "steps_ys"):  # (value, y) pairs: the user sees the value
-            rows = getattr(out, name)
-            kept[name] = None if rows is None else rows[1]
-            out = out if rows is None else out._replace(**{name: rows[0]})
-        return out, kept
+    def split(self, out, plan):
+        return _split_states(out)
 
     def y(self, problem, keep, c, p, within=None):
         return c["y"]

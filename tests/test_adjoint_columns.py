@@ -1,0 +1,173 @@
+"""Save cotangents as columns of the continuous adjoints' backward steps (adjoint/columns.py).
+
+With many save times per step the backward solve no longer stops at each save: the saves inside
+a backward step ride in it as extra columns. Each case differentiates a loss with columns
+(the default, ``Tuning.adjoint_columns``) and checks it against the exact gradient of a tightly
+solved problem (``og.Discrete()`` at ``rtol = 1e-12``); the first also with a small column count
+that forces the step cap (more saves per forward step than columns) and with the saves as
+breakpoints (``adjoint_columns=0``, the backward solve stopping at every save).
+
+The cases cover what the column bookkeeping could get wrong: saves at ``t0`` and at ``t1``,
+repeated save times, ``SaveAt(fn=...)`` reading ``args`` (the saves' own ``dL/dp``), saves after
+a terminal event (``inf`` rows that must take no part), a save at an event's time (the save's
+cotangent enters after the event's transposed jump), the re-taken steps of
+``Interpolating(checkpoints=c)`` (which then keep the state at each save), ``Quadrature``, a
+kinked right-hand side, and ``jax.vmap`` with members that step differently.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import odegrad as og  # noqa: E402
+
+TOL = 1e-9  # the continuous adjoints' solves
+
+
+def lotka_volterra(t, y, p):
+    a, b, c, d, e = p
+    return jnp.stack([a * y[0] - b * y[0] * y[1], -c * y[1] + d * y[0] * y[1]]) + e * jnp.sin(t)
+
+
+def kinked(t, y, p):  # |y1| and max(., 0): the Jacobian jumps
+    a, b, c, d, e = p
+    return jnp.stack([-a * jnp.abs(y[1]) + b * y[0], -c * jnp.maximum(y[0], 0.2) + d * y[1] + e])
+
+
+P = jnp.array([1.1, 0.4, 0.4, 0.1, 0.05])
+Y0 = jnp.array([2.0, 1.5])
+# saves at t0 (twice), dense in the middle (many per forward step), repeated, and at t1
+TS = jnp.concatenate([jnp.zeros(2), jnp.linspace(0.3, 3.5, 37), jnp.array([3.5, 3.5, 4.0])])
+
+
+def make_loss(f, adjoint, tol, *, ts=TS, fn=None, event=None):
+    def loss(p, y0):
+        sol = og.solve(
+            f,
+            y0,
+            (0.0, 4.0),
+            p,
+            saveat=og.SaveAt(ts=ts, fn=fn),
+            step=og.Adaptive(rtol=tol, atol=tol),
+            adjoint=adjoint,
+            events=event,
+            throw=event is None,
+        )
+        ys = jnp.where(jnp.isfinite(sol.ys), sol.ys, 0.0)  # rows after a terminal event
+        return jnp.sum(jnp.sin(ys) * jnp.arange(1, ys.size + 1).reshape(ys.shape) / ys.size)
+
+    return loss
+
+
+def gradients(retune, f, adjoint, columns=(16, 2), **kw):
+    """The gradients w.r.t. (p, y0) with each column count (0: saves as breakpoints), and the
+    exact one, last."""
+    out = []
+    for n in columns:
+        retune(adjoint_columns=n)
+        out.append(jax.jit(jax.grad(make_loss(f, adjoint, TOL, **kw), (0, 1)))(P, Y0))
+    exact = _exact(f) if not kw else exact_gradient(f, **kw)
+    return [*out, exact]
+
+
+def exact_gradient(f, **kw):
+    return jax.jit(jax.grad(make_loss(f, og.Discrete(), 1e-12, **kw), (0, 1)))(P, Y0)
+
+
+@functools.cache
+def _exact(f):
+    return exact_gradient(f)
+
+
+def rel(a, b):
+    a, b = np.concatenate([np.ravel(x) for x in a]), np.concatenate([np.ravel(x) for x in b])
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def assert_agree(grads, bound):
+    *approx, exact = grads
+    for i, g in enumerate(approx):
+        assert rel(g, exact) < bound, (i, rel(g, exact))
+
+
+ADJOINTS = {
+    "Interpolating": og.Interpolating(),
+    "Quadrature": og.Quadrature(),
+    "Interpolating(checkpoints=3)": og.Interpolating(checkpoints=3),
+}
+
+
+@pytest.mark.parametrize(
+    "columns",  # many columns and the step cap; saves as breakpoints (the path before columns)
+    [(16, 2), pytest.param((0,), marks=pytest.mark.slow)],
+)
+def test_columns_match_breakpoints_and_exact(retune, columns):
+    assert_agree(gradients(retune, lotka_volterra, og.Interpolating(), columns), 1e-6)
+
+
+@pytest.mark.parametrize(
+    "name",  # (the re-taken steps' columns stay in the default run through the SaveAt(fn) test)
+    ["Quadrature", pytest.param("Interpolating(checkpoints=3)", marks=pytest.mark.slow)],
+)
+def test_columns_of_the_other_sources_match_exact(retune, name):
+    assert_agree(gradients(retune, lotka_volterra, ADJOINTS[name]), 1e-6)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param("Interpolating", marks=pytest.mark.slow), "Interpolating(checkpoints=3)"]
+)
+def test_columns_with_saved_function_of_args(retune, name):
+    # the saved value reads args: each save adds its own dL/dp besides its jump of a (and the
+    # re-taken steps keep the state beside each save)
+    def fn(t, y, p):
+        return jnp.stack([y[0] * p[0], y[1] ** 2 + p[4]])
+
+    assert_agree(gradients(retune, lotka_volterra, ADJOINTS[name], (16,), fn=fn), 1e-6)
+
+
+def test_columns_on_a_kinked_field(retune):
+    assert_agree(gradients(retune, kinked, og.Interpolating(), (16,)), 1e-5)
+
+
+def test_columns_with_terminal_event_and_save_at_its_time(retune):
+    # y0 rises through 6 at some t* near 2; a save lands exactly on t* (found first, then placed),
+    # and the saves after it are inf rows that must take no part
+    event = og.Event(lambda t, y, args: y[0] - 6.0, terminal=True)
+    sol = og.solve(
+        lotka_volterra,
+        Y0,
+        (0.0, 4.0),
+        P,
+        saveat=og.SaveAt(t1=True),
+        step=og.Adaptive(rtol=1e-12, atol=1e-12),
+        events=event,
+        throw=False,
+    )
+    t_event = float(sol.ts[-1])
+    assert 0.3 < t_event < 3.5
+    ts = jnp.sort(jnp.concatenate([TS, jnp.array([t_event])]))
+    grads = gradients(retune, lotka_volterra, og.Interpolating(), (16,), ts=ts, event=event)
+    # the event time moves with p: the gradient includes its sensitivity, to the tolerance
+    assert_agree(grads, 1e-5)
+
+
+@pytest.mark.slow  # test_batched.py's vmap test covers Interpolating() (with columns) by default
+def test_columns_under_vmap_equal_each_member(retune):
+    y0s = jnp.array([[2.0, 1.5], [0.5, 3.0], [4.0, 0.2]])  # step differently
+    loss = make_loss(lotka_volterra, og.Interpolating(), TOL)
+    retune(adjoint_columns=16)
+    one = jax.jit(jax.grad(loss))
+    each = [one(P, y0) for y0 in y0s]
+    batched = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0)))(P, y0s)
+    grad_of_vmap = jax.jit(jax.grad(lambda p: jnp.sum(jax.vmap(loss, (None, 0))(p, y0s))))(P)
+    for i in range(len(y0s)):
+        np.testing.assert_allclose(batched[i], each[i], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(grad_of_vmap, sum(each), rtol=1e-9, atol=1e-12)
