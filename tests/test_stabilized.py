@@ -458,3 +458,68 @@ def test_spectral_radius_estimate_reused_between_refreshes(solver):
         np.testing.assert_allclose(sol.ys[-1], exact, atol=2e-5)
     with pytest.raises(ValueError, match="rho_every"):
         solver(rho_every=0)
+
+
+@pytest.mark.parametrize("solver", [og.RKC, og.ROCK4])
+def test_rejection_refreshes_a_stale_spectral_radius(solver, monkeypatch):
+    """Stiffness that grows in time (``y' = (1 + a t^2) A y``) outruns an estimate refreshed
+    every 25 steps: after a rejection the estimate is refreshed where the retry starts (as
+    ``rkc.f`` does), which saves rejected steps and evaluations; the solution matches
+    ``expm``. Without the refresh (the base hook) it takes several times the rejections."""
+    from odegrad.solvers.base import AbstractSolver
+    from odegrad.solvers.stabilized import _Stabilized
+
+    f, a_mat, x = heat(32)
+    y0 = smooth_y0(x) + 0.2 * jnp.sin(8 * jnp.pi * jnp.asarray(x))
+    g = lambda t, y, a: (1 + a * t**2) * f(t, y, 1.0)
+    t1, a = 0.05, 4e5
+    exact = expm(np.asarray(a_mat) * (t1 + a * t1**3 / 3)) @ np.asarray(y0)
+
+    def run():
+        sol = og.solve(g, y0, (0.0, t1), a, solver=solver(), step=og.Adaptive(1e-6, 1e-8))
+        np.testing.assert_allclose(sol.ys[-1], exact, atol=1e-10)
+        return int(sol.stats["rejected"]), int(sol.stats["rhs_evals"])
+
+    refreshed = run()
+    monkeypatch.setattr(_Stabilized, "after_rejection", AbstractSolver.after_rejection)
+    stale = run()
+    assert 2 * refreshed[0] < stale[0], (refreshed, stale)
+    assert refreshed[1] < 0.8 * stale[1], (refreshed, stale)
+
+
+def test_after_rejection_refreshes_only_stale_rejected_members():
+    """The hook re-estimates ``rho`` for members rejected with an estimate made elsewhere
+    (``age > 0``), keeps it for the others, and counts the JVPs; under vmap per member."""
+    f, _, x = heat(24)
+    solver = og.ROCK2()
+    y0 = smooth_y0(x)
+    f0, rho, v, age = solver.init(f, 0.0, y0, 1.0)
+    off = (f0, 0.5 * rho, v, jnp.asarray(3.0, age.dtype))
+    fresh, n = solver.after_rejection(f, 0.0, y0, 1.0, off, jnp.asarray(True))
+    assert int(n) == solver.power_iters and float(fresh[3]) == 0.0
+    np.testing.assert_allclose(fresh[1], rho, rtol=0.05)  # one warm-started iteration more
+    for state, rejected in ((off, False), ((f0, 0.5 * rho, v, 0.0 * age), True)):
+        kept, n = solver.after_rejection(f, 0.0, y0, 1.0, state, jnp.asarray(rejected))
+        assert int(n) == 0 and float(kept[1]) == float(0.5 * rho)
+    stack = lambda *xs: jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
+    states = stack(off, off)
+    hook = lambda st, r: solver.after_rejection(f, 0.0, y0, 1.0, st, r)
+    got, n = jax.vmap(hook)(states, jnp.asarray([True, False]))
+    assert list(np.asarray(n)) == [solver.power_iters, 0]
+    assert float(got[1][0]) == float(fresh[1]) and float(got[1][1]) == float(0.5 * rho)
+
+
+def test_power_iteration_restarts_from_a_broken_vector_and_keeps_float32_in_range():
+    """A zero or non-finite warm start restarts from the fixed start vector; iterates are
+    rescaled, so a float32 spectral radius of 1e15 (20 products: 1e300 unscaled) comes out."""
+    from odegrad.solvers.stabilized import _start_vector, power_iteration
+
+    d = jnp.linspace(1.0, 2.0, 50, dtype=jnp.float32) * 1e15
+    f = lambda t, y, a: -d * y
+    y = jnp.ones(50, jnp.float32)
+    for v in (_start_vector(y), jnp.zeros_like(y), jnp.full_like(y, jnp.nan)):
+        rho, w = power_iteration(f, 0.0, y, None, v, 20)
+        assert np.isfinite(np.asarray(w)).all()
+        np.testing.assert_allclose(float(rho), 2e15, rtol=0.05)
+    u = np.asarray(_start_vector(jnp.zeros((7, 9), jnp.float64)))
+    assert u.shape == (7, 9) and np.abs(u).max() < 0.5 and np.unique(u).size == u.size

@@ -305,6 +305,12 @@ def while_loop(
             # an event ends a step early (the next resumes the grid) unless it fell on its end
             on_grid = accept if events is None else accept & ~(ev.fired & (ev.theta < 1))
             grid_k = c.grid_k + on_grid
+        st_kept = c.st
+        if adaptive:  # the solver may revise what a retry starts from (a fresh estimate)
+            st_kept, retry_evals = solver.after_rejection(
+                f, s * c.t, c.y, args, c.st, ~accept & active
+            )
+            evals = evals + retry_evals
         row = jnp.where(accept, c.acc, max_steps)  # out of range when rejected: no write
         step = StepTaken(c.t, h, t_new, c.y, c.st, res, y_end, accept, row, ev, ev_row)
         t = jnp.where(accept, t_new, c.t)
@@ -314,7 +320,7 @@ def while_loop(
         return LoopState(
             t=t,
             y=tree_where(accept, y1, c.y),
-            st=tree_where(accept, st1, c.st),
+            st=tree_where(accept, st1, st_kept),
             h=h_next,
             ratio_prev=ratio_prev,
             n=c.n + active,

@@ -77,6 +77,13 @@ class AbstractSolver(abc.ABC):
         ``None`` (no limit; the default). The adaptive loop clips its proposed steps to it."""
         return None
 
+    def after_rejection(self, f, t, y, args, state, rejected):
+        """``(state, evals)``: the carried state a retry from ``(t, y)`` starts from after the
+        members ``rejected`` (a bool, batched under vmap) had their step rejected, and the
+        right-hand-side evaluations spent on it. The default keeps ``state`` (no evaluations);
+        the stabilised methods re-estimate a stale spectral radius here."""
+        return state, 0
+
     def compact_state(self, state):
         """What the adjoints checkpoint of a carried ``state``: the default keeps it all;
         solvers that carry caches (an implicit solver's Jacobian) drop them here. :meth:`step`

@@ -13,8 +13,11 @@ solver state (then ``state_from_y`` is false: the vector cannot be recomputed fr
 safety factor. The estimate is reused for ``rho_every = 25`` accepted steps and then refreshed,
 warm-started from the last vector, as RKC does (``nstsig = mod(nstsig+1, 25)`` in Sommeijer's
 ``rkc.f``): per step the iteration costs a Jacobian-vector product, a stencil pass as dear as a
-stage. The stage count is a discrete choice made under ``lax.stop_gradient``: no
-derivative flows through ``rho``.
+stage. After a rejected step it is refreshed where the retry starts unless it was made there
+(``rkc.f``'s ``newspc = .not. jacatt``; :meth:`_Stabilized.after_rejection`, the loops' hook):
+stiffness that grows between refreshes then costs one JVP instead of a run of rejections. The
+stage count is a discrete choice made under ``lax.stop_gradient``: no derivative flows through
+``rho``.
 
 Differentiability. The stage count varies per step at run time, so the stages of a step run in
 a ``lax.fori_loop`` over the stages really taken (:func:`two_step_recurrence`; ROCK2's finishing
@@ -52,7 +55,7 @@ import numpy as np
 from jax import lax
 
 from .._batching import any_member
-from .._tree import is_inexact_array, tree_where
+from .._tree import tree_where
 from . import _rock_coefficients as _rc
 from ._recurrence import _lc, _like, _sg, two_step_recurrence
 from .base import AbstractSolver, StepResult
@@ -68,32 +71,88 @@ def _where(pred, a, b):
 
 
 def _start_vector(y):
-    """A fixed pseudo-random unit vector shaped like ``y`` (all modes present)."""
+    """A fixed pseudo-random vector shaped like ``y`` (all modes present), entries uniform in
+    ``[-1/2, 1/2)``: MurmurHash3's 32-bit finaliser (``fmix32``, Austin Appleby) of each entry's
+    index, a few integer operations per entry where ``jax.random.normal`` (Threefry and an
+    inverse error function) cost as much as 15 stencil passes on a 160^3 field."""
+
+    def leaf(i, x):
+        h = lax.iota(jnp.uint32, max(int(np.prod(jnp.shape(x))), 1)) + np.uint32(
+            (0x9E3779B9 * (i + 1)) % 2**32
+        )
+        h = (h ^ (h >> 16)) * np.uint32(0x85EBCA6B)
+        h = (h ^ (h >> 13)) * np.uint32(0xC2B2AE35)
+        h = h ^ (h >> 16)
+        dtype = jnp.result_type(x)
+        u = (h >> 8).astype(jnp.float32) * np.float32(2.0**-24) - np.float32(0.5)
+        return u.astype(dtype)[: int(np.prod(jnp.shape(x)))].reshape(jnp.shape(x))
+
     leaves, treedef = jax.tree.flatten(y)
-    key = jax.random.PRNGKey(20260)
-    out = [
-        jax.random.normal(jax.random.fold_in(key, i), jnp.shape(x), jnp.result_type(x))
-        for i, x in enumerate(leaves)
-    ]
-    v = jax.tree.unflatten(treedef, out)
-    return jax.tree.map(lambda x: x / _norm(v).astype(x.dtype), v)
+    return jax.tree.unflatten(treedef, [leaf(i, x) for i, x in enumerate(leaves)])
 
 
 def power_iteration(f, t, y, args, v, iters: int):
-    """``iters`` steps of the power iteration ``v <- J v / |J v|`` with ``J = df/dy (t, y)``.
+    """``iters`` steps of the power iteration on ``J = df/dy (t, y)``, warm-started from ``v``.
 
-    Returns ``(|J v|, v)`` (``|v| = 1``), both without derivatives. ``v`` warm-starts it.
+    Returns ``(rho, w)``, both without derivatives: ``rho = |J v_k| / |v_k|`` for the last
+    iterate ``v_k`` estimates the spectral radius, and ``w`` (a multiple of ``J v_k``) is the
+    next warm start. Each iteration is one Jacobian-vector product and one norm, two passes
+    over the state: the iterates are rescaled every second product, on its output (see
+    ``pair``), rather than in a pass of their own.
+    A ``v`` of zero or non-finite norm (a breakdown in an earlier refresh) restarts from
+    :func:`_start_vector`; a non-finite product keeps the last finite estimate.
     """
     t, y, args, v = _sg(t), _sg(y), _sg(args), _sg(v)
-    rho = jnp.zeros((), jnp.result_type(*jax.tree.leaves(y)))
-    for _ in range(iters):
-        _, jv = jax.jvp(lambda y_: f(t, y_, args), (y,), (v,))
-        nrm = _norm(jv)
-        ok = jnp.isfinite(nrm) & (nrm > 0)
-        safe = jnp.where(ok, nrm, 1.0)
-        v = _where(ok, jax.tree.map(lambda x: x / safe.astype(x.dtype), jv), v)
-        rho = jnp.where(ok, nrm.astype(rho.dtype), rho)
-    return lax.stop_gradient(rho), _sg(v)
+    dtype = jnp.result_type(*jax.tree.leaves(y))
+
+    def usable(nrm):
+        return jnp.isfinite(nrm) & (nrm > 0)
+
+    nv = _norm(v)
+    v, nv = lax.cond(
+        any_member(~usable(nv)),
+        lambda: _restart(v, nv, usable(nv)),
+        lambda: (v, nv),
+    )
+
+    def product(v):
+        return jax.jvp(lambda y_: f(t, y_, args), (y,), (v,))[1]
+
+    def scaled(w, nw):
+        inv = jnp.where(usable(nw), 1.0 / nw, 0.0)
+        return jax.tree.map(lambda x: x * inv.astype(x.dtype), w)
+
+    def best(rho, *candidates):
+        for nrm in candidates:
+            rho = jnp.where(usable(nrm), nrm.astype(dtype), rho)
+        return rho
+
+    def pair(_, carry):
+        # The first product stays unscaled (|w1| ~ rho |v|): a scaling between two stencils
+        # is fused into the second one's reads, which makes XLA:CPU's kernel ~2x slower. The
+        # second is scaled on its output (which the loop carries in memory) by |v| / |w1|^2,
+        # to norm ~1, so the next |w1| ~ rho cannot overflow.
+        v, nv, rho = carry
+        w1 = product(v)
+        n1 = _norm(w1)
+        growth = n1 / nv  # |J v| / |v|
+        w2 = scaled(product(w1), n1 / jnp.where(usable(nv), nv, jnp.nan) * n1)
+        n2 = _norm(w2)
+        return w2, n2, best(rho, growth, n2 * growth)
+
+    carry = lax.fori_loop(0, iters // 2, pair, (v, nv, jnp.zeros((), dtype)))
+    if iters % 2:
+        v, nv, rho = carry
+        w = scaled(product(v), nv)  # |w| ~ rho
+        nw = _norm(w)
+        carry = (w, nw, best(rho, nw))
+    w, _, rho = carry
+    return lax.stop_gradient(rho), _sg(w)
+
+
+def _restart(v, nv, ok):
+    start = _start_vector(v)
+    return tree_where(ok, v, start), jnp.where(ok, nv, _norm(start))
 
 
 class _Stabilized(AbstractSolver):
@@ -204,38 +263,54 @@ class _Stabilized(AbstractSolver):
     def step(self, f, t0, dt, y0, args, state):
         f0, rho, v, age = state
         h_rho = lax.stop_gradient(jnp.abs(dt) * rho)
-        y1, err_of, n_evals = self._advance(f, t0, dt, y0, args, f0, h_rho)
         # a step beyond the stability limit (a too-long fixed step) fails instead of silently
-        # going unstable: NaN makes the loops report Result.nonfinite (adaptive ones reject it)
-        # (only on the step's outputs: f(t1, y1) reads y1 itself, because a select fused into
-        # the stencil that reads it made XLA:CPU's kernel ~10x slower than the plain stencil)
+        # going unstable: a NaN step size makes every stage, y1 and the error NaN, so the loops
+        # report Result.nonfinite (adaptive ones reject the step). A NaN in a scalar costs no
+        # pass over the state (a select over y1 costs one; fused into the stencil that reads
+        # it, XLA:CPU's kernel ran ~10x slower).
         unstable = h_rho > self.stability_limit * (1.0 + 1e-5)
+        poison = lax.stop_gradient(jnp.where(unstable, jnp.nan, 0.0).astype(jnp.result_type(dt)))
+        y1, err_of, n_evals = self._advance(f, t0, dt + poison, y0, args, f0, h_rho)
         t1 = t0 + dt
         f1 = f(t1, y1, args)
         error = err_of(f1)
         rho1, v1, age1, power_evals = self._next_rho(f, t1, y1, args, rho, v, age)
-        y1 = jax.tree.map(
-            lambda x: jnp.where(unstable, jnp.nan, x) if is_inexact_array(x) else x, y1
-        )
         evals = (n_evals + 1 + power_evals).astype(jnp.int32)
         return StepResult(y1, error, (y0, y1, f0, f1, dt), (f1, rho1, v1, age1), evals)
+
+    def _refreshed(self, f, t, y, args, rho, v, due):
+        """``(rho, v)`` re-estimated at ``(t, y)`` for the members ``due``, kept for the others
+        (under vmap the branch runs when any member is due: a batched predicate would run the
+        power iteration for every member on every step)."""
+
+        def fresh():
+            rho_n, v_n = self._rho(f, t, y, args, v, self.power_iters)
+            return jnp.where(due, rho_n, rho), tree_where(due, v_n, v)
+
+        return lax.cond(any_member(due), fresh, lambda: (rho, v))
 
     def _next_rho(self, f, t1, y1, args, rho, v, age):
         """The next step's ``(rho, v, age)`` and the evaluations spent: the user's bound at
         ``(t1, y1)``, or the carried estimate, refreshed once it is ``rho_every`` steps old."""
         if self.spectral_radius is not None:
             return *self._rho(f, t1, y1, args, v, 0), age, 0
-        refresh = age + 1 >= self.rho_every
+        due = age + 1 >= self.rho_every
+        rho1, v1 = self._refreshed(f, t1, y1, args, rho, v, due)
+        age1 = jnp.where(due, 0, age + 1).astype(age.dtype)
+        return rho1, v1, age1, jnp.where(due, self.power_iters, 0)
 
-        def fresh():
-            rho_n, v_n = self._rho(f, t1, y1, args, v, self.power_iters)
-            return jnp.where(refresh, rho_n, rho), tree_where(refresh, v_n, v)
-
-        # under vmap the members' ages differ: the branch runs when any member refreshes (a
-        # batched predicate would run the power iteration for every member on every step)
-        rho1, v1 = lax.cond(any_member(refresh), fresh, lambda: (rho, v))
-        age1 = jnp.where(refresh, 0, age + 1).astype(age.dtype)
-        return rho1, v1, age1, jnp.where(refresh, self.power_iters, 0)
+    def after_rejection(self, f, t, y, args, state, rejected):
+        """After a rejected step, the power-iteration estimate is refreshed at ``(t, y)`` unless
+        it was made there (``age`` 0), as ``rkc.f`` does (``newspc = .not. jacatt``): a
+        rejection often means ``rho`` has grown since. The retry's step cap
+        (:meth:`max_step`) and stage count then use the new estimate."""
+        if self.spectral_radius is not None:
+            return state, 0
+        f0, rho, v, age = state
+        due = rejected & (age > 0)
+        rho, v = self._refreshed(f, t, y, args, rho, v, due)
+        age = jnp.where(due, 0, age).astype(age.dtype)
+        return (f0, rho, v, age), jnp.where(due, self.power_iters, 0)
 
     def interpolate(self, dense, theta):
         y0, y1, f0, f1, dt = dense
