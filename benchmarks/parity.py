@@ -19,7 +19,8 @@ Workloads, from the scripts they reproduce:
   forward and train step with ``Auto()`` and ``Interpolating()`` (``throw=True``, float32);
 * events: ``vmap(grad)`` of a terminal event's time (64 members, ``Auto()``) and a bouncing
   ball's gradient with ``Interpolating()`` (float64);
-* stencil: ROCK2 with adaptive steps on a 128 x 128 diffusion, vmapped over 8 members.
+* stencil: ROCK2 with adaptive steps on a 128 x 128 diffusion, vmapped over 8 members;
+* seed001: ROCK2 on seed 001's 160^3 float64 diffusion, fixed and adaptive steps.
 
 Every workload runs with odegrad's defaults where the script does (``throw=True``, ``Auto()``).
 
@@ -224,6 +225,28 @@ def stencil_workloads(tag: str) -> dict:
     return {("ROCK2 adaptive 128^2", "vmap 8", "forward"): (compile_timed(make, a), a)}
 
 
+def seed001_workloads(tag: str) -> dict:
+    """Seed 001's 3-d diffusion at 160^3 float64 (fields out of cache), ``og.ROCK2()`` with its
+    defaults: 4 fixed steps and adaptive steps at ``rtol = atol = 1e-4``, as in
+    ``diffusion3d.py``."""
+    import odegrad as og
+    from odegrad.problems import diffusion3d
+
+    jax.config.update("jax_enable_x64", True)
+    p = diffusion3d(160, dtype=jnp.float64)
+    args = (p.T0, (p.lam, p.Ci))
+    out = {}
+    for name, step in (("fixed", og.Fixed(p.t1 / 4)), ("adaptive", og.Adaptive(1e-4, 1e-4))):
+
+        def make(step=step):
+            return lambda T0, a: (
+                og.solve(p.rhs, T0, (0.0, p.t1), a, solver=og.ROCK2(), step=step).ys
+            )
+
+        out[("ROCK2 160^3 float64", name, "forward")] = (compile_timed(make, args), args)
+    return out
+
+
 WORKLOADS = {
     "lotka_volterra": lotka_volterra_workloads,
     "wave_scan_parity": wave_workloads,
@@ -231,6 +254,7 @@ WORKLOADS = {
     "neural_ode": neural_ode_workloads,
     "events": events_workloads,
     "stencil": stencil_workloads,
+    "seed001": seed001_workloads,
 }
 
 
