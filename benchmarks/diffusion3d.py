@@ -11,8 +11,9 @@ runs from a 32 MB L3 cache at 2.5x that and flatters every ratio. The grids of i
 Each size and dtype measures ``og.ROCK2()`` with its defaults (power iteration for the spectral
 radius) on fixed steps and on adaptive steps (``rtol = atol = --tol``), ``og.ROCK2`` given the
 spectral radius on the same fixed steps, and the gradient of ``sum(T(t1)^2)`` (default adjoint)
-for both step choices; diffrax (Tsit5, forward) at the smallest size. Also ROCK2 vs Tsit5
-right-hand-side evaluations over a long horizon.
+for both step choices; one fused ROCK stage alone, in place (XLA:CPU's ceiling for a stage);
+diffrax (Tsit5, forward) at the smallest size. Also ROCK2 vs Tsit5 right-hand-side evaluations
+over a long horizon.
 
     python benchmarks/diffusion3d.py                       # 96, 160, 192; float64 and float32
     python benchmarks/diffusion3d.py --quick               # 32 and 48, quick
@@ -59,6 +60,22 @@ def copy_bandwidth(dtype, rounds: int) -> float:
     return 2 * n * jnp.dtype(dtype).itemsize / t
 
 
+def fused_stage(p, pars):
+    """A call of one ROCK stage ``u <- mu u1 + nu u + k f(u1)`` alone, writing over ``u`` (its
+    buffer donated): one pass that reads ``u1``, ``u`` and ``Ci`` and writes ``u``, the most a
+    stage inside a solve can be, so its T_eff is XLA:CPU's ceiling for the solves' rows."""
+    stage = jax.jit(
+        lambda u1, u, a: 1.3 * u1 - 0.3 * u + 1e-3 * p.rhs(0.0, u1, a), donate_argnums=1
+    )
+    state = {"u": stage(p.T0, p.T0 + 0, pars)}
+
+    def one():
+        state["u"] = stage(p.T0, state["u"], pars)
+        return state["u"]
+
+    return one
+
+
 def run_size(n, dtype, bandwidth, rounds, args, with_diffrax):
     p = diffusion3d(n, dtype=dtype)
     field = n**3 * jnp.dtype(dtype).itemsize
@@ -73,7 +90,7 @@ def run_size(n, dtype, bandwidth, rounds, args, with_diffrax):
     with_gradient = {"ROCK2(), fixed steps", f"ROCK2(), adaptive {args.tol:g}"}
 
     rhs = jax.jit(lambda T, a: p.rhs(0.0, T, a)).lower(p.T0, pars).compile()
-    fns = {"rhs": lambda: rhs(p.T0, pars)}
+    fns = {"rhs": lambda: rhs(p.T0, pars), "stage": fused_stage(p, pars)}
     evals, compile_s = {}, {}
     for name, (solver, step) in variants.items():
 
@@ -122,6 +139,8 @@ def run_size(n, dtype, bandwidth, rounds, args, with_diffrax):
 
     rows = [["memory copy, 256 MiB", "", "", f"{bandwidth / 1e9:.1f} GB/s", "1.00"]]
     rows.append(["rhs (3 arrays)", fmt_time(t["rhs"].best), "1", *teff(1, t["rhs"].best)])
+    rows.append(["one fused ROCK stage, in place", fmt_time(t["stage"].best), "1",
+                 *teff(1, t["stage"].best)])  # fmt: skip
     for name in variants:
         rows.append(
             [name, fmt_time(t[name].best), str(evals[name]), *teff(evals[name], t[name].best)]

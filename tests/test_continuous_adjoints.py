@@ -420,6 +420,7 @@ def test_explain_adjoint_names_choice():
     assert "Forward()" not in text.split(":")[0]
 
 
+@pytest.mark.slow  # 21 s; Auto's choices: test_seed000_auto_is_interpolating, test_kinks.py
 def test_auto_counts_only_traced_inputs(monkeypatch):
     """A large concrete y0 carries no derivative: with 2 differentiated parameters Auto runs
     Forward (no reverse loop in the gradient's program); with y0 differentiated too, Discrete.

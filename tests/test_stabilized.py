@@ -507,6 +507,11 @@ def test_after_rejection_refreshes_only_stale_rejected_members():
     got, n = jax.vmap(hook)(states, jnp.asarray([True, False]))
     assert list(np.asarray(n)) == [solver.power_iters, 0]
     assert float(got[1][0]) == float(fresh[1]) and float(got[1][1]) == float(0.5 * rho)
+    # a breakdown (every product non-finite) keeps the estimate it could not refresh
+    broken = lambda t, y, a: f(t, y, a) * jnp.where(a > 0, 1.0, jnp.nan)
+    kept, n = solver.after_rejection(broken, 0.0, y0, -1.0, off, jnp.asarray(True))
+    assert int(n) == solver.power_iters and float(kept[1]) == float(0.5 * rho)
+    np.testing.assert_array_equal(kept[2], v)
 
 
 def test_power_iteration_restarts_from_a_broken_vector_and_keeps_float32_in_range():
@@ -522,4 +527,35 @@ def test_power_iteration_restarts_from_a_broken_vector_and_keeps_float32_in_rang
         assert np.isfinite(np.asarray(w)).all()
         np.testing.assert_allclose(float(rho), 2e15, rtol=0.05)
     u = np.asarray(_start_vector(jnp.zeros((7, 9), jnp.float64)))
-    assert u.shape == (7, 9) and np.abs(u).max() < 0.5 and np.unique(u).size == u.size
+    assert u.shape == (7, 9) and np.unique(u).size == u.size
+    assert 0.7 < np.linalg.norm(u) < 1.3  # norm ~1: the first norm cannot overflow
+
+
+def test_replays_refresh_after_the_rejections_the_forward_loop_refreshed_after():
+    """Adjoints that replay steps from checkpoints (``Discrete(3)``, ``Interpolating(
+    checkpoints=3)``) chain each step's state into the next; where the forward loop refreshed
+    the estimate after a rejection, so must they (``StepRecord(retries=True)``), or they
+    retake steps with the stale estimate: unstable, gradients of 1e200 or nan before this."""
+    f, _, x = heat(16)
+    y0 = smooth_y0(x) + 0.2 * jnp.sin(8 * jnp.pi * jnp.asarray(x))
+    b = jnp.cos(3 * jnp.asarray(x))
+    g = lambda t, y, p: (1 + p[0] * t**2) * (f(t, y, 1.0) + p[1] * b)
+    p = (jnp.asarray(1e8), jnp.asarray(2.0))
+    step = og.Adaptive(1e-4, 1e-6)
+    sol = og.solve(g, y0, (0.0, 0.01), p, solver=og.RKC(), step=step)
+    assert int(sol.stats["rejected"]) >= 5
+
+    def grad(adjoint):
+        def loss(c, y0):
+            ys = og.solve(g, y0, (0.0, 0.01), (p[0], c), solver=og.RKC(), step=step,
+                          adjoint=adjoint).ys  # fmt: skip
+            return jnp.sum(ys[-1] ** 2)
+
+        return jax.grad(loss, argnums=(0, 1))(p[1], y0)
+
+    exact = grad(og.Discrete("all"))  # replays nothing: every step's state is stored
+    assert abs(float(exact[0])) > 1e-3
+    for adjoint in (og.Discrete(3), og.Interpolating(checkpoints=3)):
+        got = grad(adjoint)
+        np.testing.assert_allclose(got[0], exact[0], rtol=1e-9)
+        np.testing.assert_allclose(got[1], exact[1], rtol=1e-9, atol=1e-12)

@@ -156,6 +156,10 @@ class StepRecord(Recorder):
     states: bool = False
     solver_states: bool = False
     rows: int | None = None
+    #: also which accepted steps followed a rejection (``retried``, every step): a replay
+    #: chaining each step's state into the next applies ``solver.after_rejection`` there, as
+    #: the forward loop did, so that it retakes the steps the loop took
+    retries: bool = False
 
     def init(self, setup):
         rows = setup.max_steps if self.rows is None else min(self.rows, setup.max_steps)
@@ -164,6 +168,9 @@ class StepRecord(Recorder):
             c["y"] = tree_fill_rows(setup.y0, rows, 0.0)
         if self.solver_states:
             c["st"] = tree_fill_rows(setup.solver.compact_state(setup.st0), rows, 0.0)
+        if self.retries:
+            c["retried"] = jnp.zeros((setup.max_steps,), bool)
+            c["pending"] = jnp.zeros((), bool)  # the last attempt was rejected
         if setup.events is not None:
             c["ev"] = jnp.full((setup.max_steps,), -1, jnp.int32)
             c["theta"] = jnp.ones((setup.max_steps,), setup.tdtype)
@@ -175,6 +182,9 @@ class StepRecord(Recorder):
             new["y"] = tree_set_row(state["y"], step.row, step.y)
         if "st" in state:
             new["st"] = tree_set_row(state["st"], step.row, setup.solver.compact_state(step.st))
+        if "retried" in state:
+            new["retried"] = state["retried"].at[step.row].set(state["pending"], mode="drop")
+            new["pending"] = ~step.accept
         if "ev" in state:
             ev = step.event
             new["ev"] = (
@@ -184,4 +194,5 @@ class StepRecord(Recorder):
         return new
 
     def finish(self, state, final):
-        return {"record": {**state, "n": final.acc}}
+        kept = {k: v for k, v in state.items() if k != "pending"}
+        return {"record": {**kept, "n": final.acc}}

@@ -143,11 +143,26 @@ class Problem:
             self, progress=dataclasses.replace(self.progress, scan_tap=False)
         )
 
-    def step(self, tau, h, y, args, state):
+    @property
+    def replays_retries(self) -> bool:
+        """Whether a replay must know which steps followed a rejection: an adaptive solve with a
+        solver that revises its state after one (``AbstractSolver.after_rejection``)."""
+        from .._loop import RuntimeGrid
+        from ..solvers.base import AbstractSolver
+
+        hook = type(self.solver).after_rejection
+        adaptive = self.grid is None and not isinstance(self.control, RuntimeGrid)
+        return adaptive and hook is not AbstractSolver.after_rejection
+
+    def step(self, tau, h, y, args, state, retried=None):
         """One solver step from forward time ``tau`` with forward-time size ``h``. Adjoints
         replay steps: ``state`` and the result's state are what they checkpoint
-        (``solver.compact_state``)."""
+        (``solver.compact_state``). ``retried``: the step followed a rejection (a
+        ``StepRecord(retries=True)`` row), so the forward loop had revised ``state`` with
+        ``solver.after_rejection`` first (a no-op on a state checkpointed after it)."""
         s, solver = self.direction, self.solver
+        if retried is not None:
+            state = solver.after_rejection(self.f, s * tau, y, args, state, retried)[0]
         res = solver.step(self.f, s * tau, s * h, y, args, state)
         return res._replace(state=solver.compact_state(res.state))
 

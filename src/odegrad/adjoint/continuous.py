@@ -106,7 +106,8 @@ class _Continuous(AbstractAdjoint):
             return out._replace(record={}), keep
 
         def forward(y0, args_diff):
-            return fwd_problem.forward(y0, problem.with_args(args_diff), record=(StepRecord(),))
+            record = StepRecord(retries=problem.replays_retries and src.replays_steps)
+            return fwd_problem.forward(y0, problem.with_args(args_diff), record=(record,))
 
         @jax.custom_vjp
         def solve(y0, args_diff):

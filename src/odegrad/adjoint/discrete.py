@@ -121,6 +121,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
         states=store_all or prefix,
         solver_states=store_all or (prefix and keep_state),
         rows=int(checkpoints) if prefix else None,
+        retries=problem.replays_retries,
     )
 
     def strip(out: LoopOutput) -> LoopOutput:
@@ -166,7 +167,8 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             a = problem.with_args(a_diff)
             if st is None:
                 st = problem.init_state(y, a, starts[k])
-            res_ = step_problem.step(starts[k], sizes[k], y, a, st)
+            retried = rec["retried"][k] if "retried" in rec else None
+            res_ = step_problem.step(starts[k], sizes[k], y, a, st, retried)
             # the dense output is an output of the step only when saves read it: otherwise the
             # reverse step would push zero cotangents through every stage
             dense = res_.dense if need_dense else ()

@@ -75,6 +75,8 @@ class StateSource:
     #: ``y`` at any time of a backward interval (not only along the backward solve's path), so
     #: the saves can enter the backward steps as columns (:mod:`~odegrad.adjoint.columns`)
     reads_anywhere = False
+    #: re-takes the forward steps from checkpoints (it needs ``StepRecord(retries=True)``)
+    replays_steps = False
 
     def forward_plan(self, plan: SavePlan) -> SavePlan:
         """The forward solve's SavePlan: the user's, plus what this source reads back."""
@@ -173,6 +175,7 @@ class RecomputedSteps(StateSource):
 
     checkpoints: int
     reads_anywhere = True  # inside the re-taken step whose dense output the carry holds
+    replays_steps = True
 
     def forward_plan(self, plan):
         # the state at each save, for the saves' jumps (the saves are it unless SaveAt(fn=...))
@@ -206,8 +209,11 @@ class RecomputedSteps(StateSource):
         if problem.events is not None:
             rec = {**keep, "which": keep["events"].which}
 
+        def retried(k):
+            return keep["retried"][k] if "retried" in keep else None
+
         def advance(k, x):
-            res = problem.step(starts[k], sizes[k], x[0], args, x[1])
+            res = problem.step(starts[k], sizes[k], x[0], args, x[1], retried(k))
             if problem.events is not None:
                 return problem.replay_event(rec, k, starts, res, args)[:2]
             return res.y1, res.state
@@ -215,7 +221,7 @@ class RecomputedSteps(StateSource):
         def backward(k, x, c):
             if problem.progress is not None:
                 problem.progress.backward.every(k, n, 1 - k / n)
-            res = problem.step(starts[k], sizes[k], x[0], args, x[1])
+            res = problem.step(starts[k], sizes[k], x[0], args, x[1], retried(k))
             one = jax.tree.map(lambda d: d[None], res.dense)
             c = {**c, "local": (starts[k][None], sizes[k][None], one, 1)}
             hi = starts[k + 1]

@@ -81,7 +81,9 @@ class AbstractSolver(abc.ABC):
         """``(state, evals)``: the carried state a retry from ``(t, y)`` starts from after the
         members ``rejected`` (a bool, batched under vmap) had their step rejected, and the
         right-hand-side evaluations spent on it. The default keeps ``state`` (no evaluations);
-        the stabilised methods re-estimate a stale spectral radius here."""
+        the stabilised methods re-estimate a stale spectral radius here. It must leave a state
+        it returned unchanged when applied again: replays re-apply it to every step that
+        followed a rejection, also to states checkpointed after it (``Problem.step``)."""
         return state, 0
 
     def compact_state(self, state):

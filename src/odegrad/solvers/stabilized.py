@@ -66,15 +66,17 @@ def _norm(tree):
     return jnp.sqrt(sum(jnp.sum(jnp.square(jnp.abs(x))) for x in jax.tree.leaves(tree)))
 
 
-def _where(pred, a, b):
-    return jax.tree.map(lambda x, y: jnp.where(pred, x, y), a, b)
-
-
 def _start_vector(y):
-    """A fixed pseudo-random vector shaped like ``y`` (all modes present), entries uniform in
-    ``[-1/2, 1/2)``: MurmurHash3's 32-bit finaliser (``fmix32``, Austin Appleby) of each entry's
-    index, a few integer operations per entry where ``jax.random.normal`` (Threefry and an
-    inverse error function) cost as much as 15 stencil passes on a 160^3 field."""
+    """A fixed pseudo-random vector shaped like ``y`` (all modes present), of norm ~1, its
+    entries uniform in ``[-1/2, 1/2) * sqrt(12 / size)``: MurmurHash3's 32-bit finaliser
+    (``fmix32``, Austin Appleby) of each entry's index, a few integer operations per entry,
+    where ``jax.random.normal`` (Threefry and an inverse error function) cost as much as 15
+    stencil passes on a 160^3 field."""
+
+    leaves, treedef = jax.tree.flatten(y)
+    # uniform entries have mean square 1/12: this scale gives the vector norm ~1, so that the
+    # first norm of the power iteration cannot overflow where rho**2 * size would
+    scale = np.float32(np.sqrt(12.0 / max(sum(int(np.prod(jnp.shape(x))) for x in leaves), 1)))
 
     def leaf(i, x):
         h = lax.iota(jnp.uint32, max(int(np.prod(jnp.shape(x))), 1)) + np.uint32(
@@ -84,10 +86,9 @@ def _start_vector(y):
         h = (h ^ (h >> 13)) * np.uint32(0xC2B2AE35)
         h = h ^ (h >> 16)
         dtype = jnp.result_type(x)
-        u = (h >> 8).astype(jnp.float32) * np.float32(2.0**-24) - np.float32(0.5)
+        u = ((h >> 8).astype(jnp.float32) * np.float32(2.0**-24) - np.float32(0.5)) * scale
         return u.astype(dtype)[: int(np.prod(jnp.shape(x)))].reshape(jnp.shape(x))
 
-    leaves, treedef = jax.tree.flatten(y)
     return jax.tree.unflatten(treedef, [leaf(i, x) for i, x in enumerate(leaves)])
 
 
@@ -265,9 +266,10 @@ class _Stabilized(AbstractSolver):
         h_rho = lax.stop_gradient(jnp.abs(dt) * rho)
         # a step beyond the stability limit (a too-long fixed step) fails instead of silently
         # going unstable: a NaN step size makes every stage, y1 and the error NaN, so the loops
-        # report Result.nonfinite (adaptive ones reject the step). A NaN in a scalar costs no
-        # pass over the state (a select over y1 costs one; fused into the stencil that reads
-        # it, XLA:CPU's kernel ran ~10x slower).
+        # report Result.nonfinite (adaptive ones never get here: max_step caps their steps). A
+        # NaN in a scalar costs no pass over the state (a select over y1 costs one; fused into
+        # the stencil that reads it, XLA:CPU's kernel ran ~10x slower). f then sees NaN times
+        # and states in that step: a check inside f (eqx.error_if) raises instead.
         unstable = h_rho > self.stability_limit * (1.0 + 1e-5)
         poison = lax.stop_gradient(jnp.where(unstable, jnp.nan, 0.0).astype(jnp.result_type(dt)))
         y1, err_of, n_evals = self._advance(f, t0, dt + poison, y0, args, f0, h_rho)
@@ -285,7 +287,9 @@ class _Stabilized(AbstractSolver):
 
         def fresh():
             rho_n, v_n = self._rho(f, t, y, args, v, self.power_iters)
-            return jnp.where(due, rho_n, rho), tree_where(due, v_n, v)
+            # a breakdown (every product zero or non-finite) gives rho_n = 0: keep the estimate
+            ok = due & (rho_n > 0)
+            return jnp.where(ok, rho_n, rho), tree_where(ok, v_n, v)
 
         return lax.cond(any_member(due), fresh, lambda: (rho, v))
 
