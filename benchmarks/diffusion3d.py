@@ -11,7 +11,7 @@ runs from a 32 MB L3 cache at 2.5x that and flatters every ratio. The grids of i
 Each size and dtype measures ``og.ROCK2()`` with its defaults (power iteration for the spectral
 radius) on fixed steps and on adaptive steps (``rtol = atol = --tol``), ``og.ROCK2`` given the
 spectral radius on the same fixed steps, and the gradient of ``sum(T(t1)^2)`` (default adjoint)
-for both step choices; one fused ROCK stage alone, in place (XLA:CPU's ceiling for a stage);
+for both step choices; one fused ROCK stage alone, in place (XLA:CPU's kernel for a stage);
 diffrax (Tsit5, forward) at the smallest size. Also ROCK2 vs Tsit5 right-hand-side evaluations
 over a long horizon.
 
@@ -44,10 +44,12 @@ COPY_BYTES = 256 * 2**20  #: the reference copy's array: out of every cache
 FIXED_STEPS = 4  #: fixed ROCK2 steps over the span (25 explicit-stable steps each)
 
 
-def copy_bandwidth(dtype, rounds: int) -> float:
-    """Bytes per second of ``x <- 1.0001 x`` on a ``COPY_BYTES`` array (read one, write one),
-    in place: the input is donated, so no call writes into freshly mapped pages (without the
-    donation this machine's page faults cap the same copy at 8 GB/s against 51 GB/s)."""
+def copy_call(dtype):
+    """``(call, bytes)``: one call of ``x <- 1.0001 x`` on a ``COPY_BYTES`` array (read one,
+    write one) and the bytes it moves. In place: the input is donated, so no call writes into
+    freshly mapped pages (without the donation this machine's page faults cap the same copy at
+    8 GB/s against 51 GB/s). It is timed in the same interleaved rounds as the solves, so that
+    the machine's drift over a run (its copy read 30-52 GB/s in one day) leaves the ratios."""
     n = COPY_BYTES // jnp.dtype(dtype).itemsize
     copy = jax.jit(lambda x: x * 1.0001, donate_argnums=0)
     state = {"x": copy(jnp.ones(n, dtype))}
@@ -56,27 +58,30 @@ def copy_bandwidth(dtype, rounds: int) -> float:
         state["x"] = copy(state["x"])
         return state["x"]
 
-    t = interleaved_medians({"copy": one}, max(rounds, 5), 1)["copy"].best
-    return 2 * n * jnp.dtype(dtype).itemsize / t
+    return one, 2 * n * jnp.dtype(dtype).itemsize
 
 
 def fused_stage(p, pars):
     """A call of one ROCK stage ``u <- mu u1 + nu u + k f(u1)`` alone, writing over ``u`` (its
     buffer donated): one pass that reads ``u1``, ``u`` and ``Ci`` and writes ``u``, the most a
-    stage inside a solve can be, so its T_eff is XLA:CPU's ceiling for the solves' rows."""
+    stage inside a solve can be: what XLA:CPU's stencil kernel gives a stage, the reference for
+    the solves' rows (in float32 a solve's power-iteration JVPs, 3 arrays, run faster).
+    ``lam`` is a constant of the call: inside a solve XLA hoists ``lam * Ci`` out of the stage
+    loop, and a traced ``lam`` multiplied inside the stencil slows XLA:CPU's kernel ~1.5x."""
+    lam, ci = pars
     stage = jax.jit(
-        lambda u1, u, a: 1.3 * u1 - 0.3 * u + 1e-3 * p.rhs(0.0, u1, a), donate_argnums=1
+        lambda u1, u, c: 1.3 * u1 - 0.3 * u + 1e-3 * p.rhs(0.0, u1, (lam, c)), donate_argnums=1
     )
-    state = {"u": stage(p.T0, p.T0 + 0, pars)}
+    state = {"u": stage(p.T0, p.T0 + 0, ci)}
 
     def one():
-        state["u"] = stage(p.T0, state["u"], pars)
+        state["u"] = stage(p.T0, state["u"], ci)
         return state["u"]
 
     return one
 
 
-def run_size(n, dtype, bandwidth, rounds, args, with_diffrax):
+def run_size(n, dtype, rounds, args, with_diffrax):
     p = diffusion3d(n, dtype=dtype)
     field = n**3 * jnp.dtype(dtype).itemsize
     pars = (p.lam, p.Ci)
@@ -90,7 +95,8 @@ def run_size(n, dtype, bandwidth, rounds, args, with_diffrax):
     with_gradient = {"ROCK2(), fixed steps", f"ROCK2(), adaptive {args.tol:g}"}
 
     rhs = jax.jit(lambda T, a: p.rhs(0.0, T, a)).lower(p.T0, pars).compile()
-    fns = {"rhs": lambda: rhs(p.T0, pars), "stage": fused_stage(p, pars)}
+    copy, copy_bytes = copy_call(dtype)
+    fns = {"copy": copy, "rhs": lambda: rhs(p.T0, pars), "stage": fused_stage(p, pars)}
     evals, compile_s = {}, {}
     for name, (solver, step) in variants.items():
 
@@ -132,6 +138,7 @@ def run_size(n, dtype, bandwidth, rounds, args, with_diffrax):
         compile_s["diffrax"] = time.perf_counter() - t0
         fns[f"diffrax Tsit5, adaptive {args.tol:g}"] = lambda: dfx_fwd(p.T0, pars)
     t = interleaved_medians(fns, rounds, 1, budget_s=90)
+    bandwidth = copy_bytes / t["copy"].best
 
     def teff(n_evals, seconds):
         rate = 3 * field * n_evals / seconds
@@ -226,9 +233,8 @@ def main():
     results = []
     for name in args.dtypes:
         dtype = jnp.dtype(name)
-        bandwidth = copy_bandwidth(dtype, rounds)
         for i, n in enumerate(sizes):
-            results.append(run_size(n, dtype, bandwidth, rounds, args, args.diffrax and i == 0))
+            results.append(run_size(n, dtype, rounds, args, args.diffrax and i == 0))
     evals_comparison(jnp.dtype(args.dtypes[0]), args)
     rows = [r for out, _ in results for r in out]
     write_json(
