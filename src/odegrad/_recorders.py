@@ -193,6 +193,12 @@ class StepRecord(Recorder):
             new["theta"] = state["theta"].at[step.row].set(ev.theta, mode="drop")
         return new
 
+    @staticmethod
+    def retried_at(record, k):
+        """Whether accepted step ``k`` of a finished ``record`` followed a rejection (``None``
+        when it was not recorded): the ``retried`` argument of ``Problem.step``."""
+        return record["retried"][k] if "retried" in record else None
+
     def finish(self, state, final):
         kept = {k: v for k, v in state.items() if k != "pending"}
         return {"record": {**kept, "n": final.acc}}

@@ -167,8 +167,7 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
             a = problem.with_args(a_diff)
             if st is None:
                 st = problem.init_state(y, a, starts[k])
-            retried = rec["retried"][k] if "retried" in rec else None
-            res_ = step_problem.step(starts[k], sizes[k], y, a, st, retried)
+            res_ = step_problem.step(starts[k], sizes[k], y, a, st, StepRecord.retried_at(rec, k))
             # the dense output is an output of the step only when saves read it: otherwise the
             # reverse step would push zero cotangents through every stage
             dense = res_.dense if need_dense else ()

@@ -24,6 +24,7 @@ import numpy as np
 from jax import lax
 
 from .._loop import LoopOutput, dense_evaluate
+from .._recorders import StepRecord
 from .._saving import SavePlan, saves_in_step
 from .._step import Adaptive
 from .._tree import rms_error_ratio, tree_scale
@@ -209,11 +210,10 @@ class RecomputedSteps(StateSource):
         if problem.events is not None:
             rec = {**keep, "which": keep["events"].which}
 
-        def retried(k):
-            return keep["retried"][k] if "retried" in keep else None
-
         def advance(k, x):
-            res = problem.step(starts[k], sizes[k], x[0], args, x[1], retried(k))
+            res = problem.step(
+                starts[k], sizes[k], x[0], args, x[1], StepRecord.retried_at(keep, k)
+            )
             if problem.events is not None:
                 return problem.replay_event(rec, k, starts, res, args)[:2]
             return res.y1, res.state
@@ -221,7 +221,9 @@ class RecomputedSteps(StateSource):
         def backward(k, x, c):
             if problem.progress is not None:
                 problem.progress.backward.every(k, n, 1 - k / n)
-            res = problem.step(starts[k], sizes[k], x[0], args, x[1], retried(k))
+            res = problem.step(
+                starts[k], sizes[k], x[0], args, x[1], StepRecord.retried_at(keep, k)
+            )
             one = jax.tree.map(lambda d: d[None], res.dense)
             c = {**c, "local": (starts[k][None], sizes[k][None], one, 1)}
             hi = starts[k + 1]

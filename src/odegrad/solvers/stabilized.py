@@ -79,7 +79,7 @@ def _start_vector(y):
     scale = np.float32(np.sqrt(12.0 / max(sum(int(np.prod(jnp.shape(x))) for x in leaves), 1)))
 
     def leaf(i, x):
-        h = lax.iota(jnp.uint32, max(int(np.prod(jnp.shape(x))), 1)) + np.uint32(
+        h = lax.iota(jnp.uint32, int(np.prod(jnp.shape(x)))) + np.uint32(
             (0x9E3779B9 * (i + 1)) % 2**32
         )
         h = (h ^ (h >> 16)) * np.uint32(0x85EBCA6B)
@@ -87,7 +87,7 @@ def _start_vector(y):
         h = h ^ (h >> 16)
         dtype = jnp.result_type(x)
         u = ((h >> 8).astype(jnp.float32) * np.float32(2.0**-24) - np.float32(0.5)) * scale
-        return u.astype(dtype)[: int(np.prod(jnp.shape(x)))].reshape(jnp.shape(x))
+        return u.astype(dtype).reshape(jnp.shape(x))
 
     return jax.tree.unflatten(treedef, [leaf(i, x) for i, x in enumerate(leaves)])
 
