@@ -823,3 +823,76 @@ def test_fixed_under_jit_uses_static_count(linear, linear_args):
 
     assert run(*linear_args).shape == (10,)  # eager
     assert jax.jit(run)(*linear_args).shape == (10,)
+
+
+# -- the step controller's gains: the solver's unless given ---------------------------------------
+
+
+def _step_times(solver, step):
+    """The accepted step ends of Lotka–Volterra at rtol = atol = 1e-6, and the rejections."""
+    p = rp.lotka_volterra()
+    sol = og.solve(
+        rp.jax_rhs(p),
+        jnp.asarray(p.y0),
+        (p.t0, p.t1),
+        jnp.asarray(p.params),
+        solver=solver,
+        step=step,
+        saveat=og.SaveAt(steps=True),
+    )
+    ts = np.asarray(sol.ts)
+    return ts[np.isfinite(ts)], int(sol.stats["rejected"])
+
+
+@pytest.mark.parametrize(
+    "solver, gains",
+    [(og.Tsit5(), (0.2, 0.65)), (og.Dopri5(), (0.2, 0.65)), (og.Kvaerno3(), (0.4, 0.3))],
+    ids=["Tsit5", "Dopri5", "Kvaerno3"],
+)
+def test_default_gains_are_the_solvers(solver, gains):
+    """Explicit Runge–Kutta steps with DOPRI5's gains, implicit solvers with PI.3.4's; the other
+    family's gains take other steps, so the comparison can fail."""
+    tol = dict(rtol=1e-6, atol=1e-6)
+    default = _step_times(solver, og.Adaptive(**tol))
+    given = _step_times(solver, og.Adaptive(**tol, pcoeff=gains[0], icoeff=gains[1]))
+    other = (0.4, 0.3) if gains == (0.2, 0.65) else (0.2, 0.65)
+    swapped = _step_times(solver, og.Adaptive(**tol, pcoeff=other[0], icoeff=other[1]))
+    np.testing.assert_array_equal(default[0], given[0])
+    assert default[1] == given[1]
+    assert default[0].shape != swapped[0].shape or not np.array_equal(default[0], swapped[0])
+
+
+def test_one_gain_given_takes_the_other_from_the_solver():
+    tol = dict(rtol=1e-6, atol=1e-6)
+    one = _step_times(og.Tsit5(), og.Adaptive(**tol, pcoeff=0.0))
+    both = _step_times(og.Tsit5(), og.Adaptive(**tol, pcoeff=0.0, icoeff=0.65))
+    np.testing.assert_array_equal(one[0], both[0])
+
+
+def test_next_factor_formula():
+    """``clip(safety e^-beta1 max(e_prev, floor)^beta2)`` with ``beta1 = (p + i) / (q + 1)``,
+    ``beta2 = p / (q + 1)``, from the solver's gains where the control gives none."""
+    control = og.Adaptive()
+    for gains in ((0.2, 0.65), (0.4, 0.3)):
+        for e, e_prev in ((0.5, 0.3), (1e-3, 1e-4), (2.0, 0.9)):
+            got = float(control.next_factor(e, e_prev, 4, 1e-2, gains))
+            beta1, beta2 = (gains[0] + gains[1]) / 5, gains[0] / 5
+            want = np.clip(0.9 * e**-beta1 * max(e_prev, 1e-2) ** beta2, 0.2, 10.0)
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+    given = og.Adaptive(pcoeff=0.0, icoeff=1.0)
+    np.testing.assert_allclose(
+        float(given.next_factor(1e-3, 1e-4, 4, 1e-2, (0.2, 0.65))), 0.9 * 1e-3**-0.2, rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(pcoeff=-0.1), "pcoeff=-0.1"),
+        (dict(icoeff=-1.0), "icoeff=-1.0"),
+        (dict(pcoeff=0.0, icoeff=0.0), "cannot both be zero"),
+    ],
+)
+def test_bad_gains_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        og.Adaptive(**kwargs)

@@ -272,6 +272,7 @@ def while_loop(
                 solver.embedded_order,
                 solver.prev_ratio_floor,
                 floor,
+                solver.pi_gains,
             )
             accept = decision.accept & active
             h_next = jnp.where((accept & last) | ~active, c.h, decision.h_next)

@@ -113,7 +113,7 @@ class ColumnSolver(AbstractSolver):
         self.quadrature = quadrature  # (nodes, weights) on [0, 1] for dL/dp, or None
         self.order = inner.order
         self.embedded_order = inner.embedded_order
-        self.prev_ratio_floor = inner.prev_ratio_floor
+        self.prev_ratio_floor, self.pi_gains = inner.prev_ratio_floor, inner.pi_gains
         self.init_evals = 0
         self.step_evals = inner.init_evals + inner.step_evals
 

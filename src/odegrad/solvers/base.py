@@ -5,6 +5,8 @@ from __future__ import annotations
 import abc
 from typing import Any, NamedTuple
 
+from .._step import PI34_GAINS
+
 PyTree = Any
 
 
@@ -42,6 +44,9 @@ class AbstractSolver(abc.ABC):
     partitioned: bool = False
     #: floor on the previous error ratio in the step-size controller (see ``og.Adaptive``)
     prev_ratio_floor: float = 1e-2
+    #: ``(pcoeff, icoeff)`` of the step-size controller where ``og.Adaptive`` leaves them ``None``
+    #: (Gustafsson's PI.3.4; explicit Runge–Kutta uses DOPRI5's, see ``og.Adaptive``)
+    pi_gains: tuple[float, float] = PI34_GAINS
     #: right-hand-side evaluations made by :meth:`init` and by each :meth:`step`.
     init_evals: int = 0
     step_evals: int = 1
