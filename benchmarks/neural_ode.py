@@ -19,8 +19,10 @@ Measured per batch size B (``--batches``, default 32,256,1024):
   ``jax.jit(fn).lower(...).compile()`` with the model split by ``eqx.partition`` into its
   arrays (arguments) and the rest (closed over);
 * **temp**: that compiled step's ``memory_analysis().temp_size_in_bytes``;
-* **steps**: the steps the solver took (accepted + rejected) for batch member 0. odegrad
-  reports ``sol.stats["steps"]`` and diffrax ``sol.stats["num_steps"]``.
+* **steps**: the steps the solver took (accepted + rejected), for batch member 0 and the most
+  any member took (a vmapped loop runs until its slowest member is done, so the maximum sets
+  the batch's cost). odegrad reports ``sol.stats["steps"]`` and diffrax
+  ``sol.stats["num_steps"]``.
 * **rel Δ grad**: the relative 2-norm difference of the flattened gradient from diffrax's
   default. Both libraries' solves err by ~1e-3 at this tolerance and may step differently,
   so differences of that order are expected.
@@ -478,7 +480,7 @@ def run_group(g: Group, rows: list, json_rows: list, errors: list) -> None:
             errors.append((g.problem, name, e))
             continue
         st = np.asarray(st)
-        steps[name] = str(int(st if st.ndim == 0 else st[0]))
+        steps[name] = str(int(st)) if st.ndim == 0 else f"{int(st[0])} / {int(st.max())}"
         results[name] = (float(value), flat(grads))
         calls[f"{name}|fwd"] = lambda c=fwd[name].fn: c(*inputs_f)
         calls[f"{name}|step"] = lambda ts=train_step: ts(g.model, g.y0s, g.target)
@@ -584,7 +586,7 @@ def main(argv=None):
         r,
         "temp (step)",
         r,
-        "steps (member 0)",
+        "steps (member 0 / max)",
         "loss",
         "rel Δ grad",
     ]

@@ -209,7 +209,7 @@ class StepDecision(NamedTuple):
 
 
 def adapt_step(
-    control, error, y0, y1, finite, h, ratio_prev, q, prev_floor, h_min, gains=PI34_GAINS
+    control, error, y0, y1, finite, h, ratio_prev, q, prev_floor, h_min, gains
 ) -> StepDecision:
     """Accept or reject a step of size ``h`` from ``y0`` to ``y1`` and size the next one: the
     one answer to "how is a step accepted" (the loops call nothing else).

@@ -121,7 +121,9 @@ def _checkpointed(problem: Problem, checkpoints) -> LoopOutput:
         states=store_all or prefix,
         solver_states=store_all or (prefix and keep_state),
         rows=int(checkpoints) if prefix else None,
-        retries=problem.replays_retries,
+        # every step's solver state kept as the loop left it (after_rejection applied): only
+        # a replay that recomputes states from checkpoints needs the flags
+        retries=problem.replays_retries and not store_all,
     )
 
     def strip(out: LoopOutput) -> LoopOutput:
