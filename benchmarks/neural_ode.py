@@ -130,6 +130,11 @@ def parse_args(argv=None):
         help="do not run a train step whose compiled temporary memory exceeds this",
     )
     p.add_argument("--no-diffrax", action="store_true")
+    p.add_argument(
+        "--no-diffrax-backsolve",
+        action="store_true",
+        help="skip diffrax's BacksolveAdjoint (16-76 s per call at B = 256 and 1024)",
+    )
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--json", default=None, help="write the key rows to this JSON file")
     p.add_argument(
@@ -305,7 +310,7 @@ def jax_contestants(s) -> dict:
             "diffrax",
             lambda: batched(s, diffrax_solver(s)),
         )
-        if not s.args.quick:
+        if not (s.args.quick or s.args.no_diffrax_backsolve):
             out["diffrax BacksolveAdjoint()"] = (
                 "diffrax",
                 lambda: batched(s, diffrax_solver(s, backsolve=True)),

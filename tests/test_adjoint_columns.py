@@ -67,12 +67,12 @@ def make_loss(f, adjoint, tol, *, ts=TS, fn=None, event=None):
     return loss
 
 
-def gradients(retune, f, adjoint, columns=(16, 2), **kw):
-    """The gradients w.r.t. (p, y0) with each column count (0: saves as breakpoints), and the
-    exact one, last."""
+def gradients(retune, f, adjoint, columns=(16, 2), tuning=None, **kw):
+    """The gradients w.r.t. (p, y0) with each column count (0: saves as breakpoints; a dict:
+    tuning fields), and the exact one, last; ``tuning``: more fields to change."""
     out = []
     for n in columns:
-        retune(adjoint_columns=n)
+        retune(**(n if isinstance(n, dict) else {"adjoint_columns": n}), **(tuning or {}))
         out.append(jax.jit(jax.grad(make_loss(f, adjoint, TOL, **kw), (0, 1)))(P, Y0))
     exact = _exact(f) if not kw else exact_gradient(f, **kw)
     return [*out, exact]
@@ -106,11 +106,88 @@ ADJOINTS = {
 
 
 @pytest.mark.parametrize(
-    "columns",  # many columns and the step cap; saves as breakpoints (the path before columns)
-    [(16, 2), pytest.param((0,), marks=pytest.mark.slow)],
+    "columns",  # the propagator with up to 16 saves per step, and with its step cap (2);
+    # saves as breakpoints (the path before columns)
+    [({}, {"propagator_saves": 2}), pytest.param((0,), marks=pytest.mark.slow)],
 )
 def test_columns_match_breakpoints_and_exact(retune, columns):
+    # this 2-entry state takes the propagator; the columns proper are the next test's
     assert_agree(gradients(retune, lotka_volterra, og.Interpolating(), columns), 1e-6)
+
+
+@pytest.mark.parametrize(
+    "name", ["Interpolating", pytest.param("Quadrature", marks=pytest.mark.slow)]
+)
+def test_columns_without_the_propagator_match_exact(retune, name):
+    # many columns and the step cap (more saves per forward step than columns)
+    no_propagator = {"propagator_entries": 0}
+    grads = gradients(retune, lotka_volterra, ADJOINTS[name], (16, 2), no_propagator)
+    assert_agree(grads, 1e-6)
+
+
+@pytest.fixture
+def propagator_steps(monkeypatch):
+    """Counts the propagator's steps as traced (a gate that silently sent these cases down
+    another path would leave the tests below comparing that path)."""
+    from odegrad.adjoint import columns
+
+    traced = []
+    step = columns.PropagatorSolver.step
+
+    def counting(self, *args):
+        traced.append(self.reintegrate is not None)
+        return step(self, *args)
+
+    monkeypatch.setattr(columns.PropagatorSolver, "step", counting)
+    return traced
+
+
+@pytest.mark.parametrize(
+    "f", [lotka_volterra, pytest.param(kinked, marks=pytest.mark.slow)], ids=["smooth", "kinked"]
+)
+def test_backsolve_steps_across_saves(retune, propagator_steps, f):
+    # the re-integrated y rides in the propagator: no stop at the saves, its drift corrected
+    # at each step's end from the last save inside
+    across = {"backsolve_across_params": 0}
+    grads = gradients(retune, f, og.Backsolve(), (16,), across)
+    assert any(propagator_steps)
+    assert_agree(grads, 1e-6 if f is lotka_volterra else 1e-5)
+
+
+def test_propagator_with_saves_at_one_time_and_event(retune, propagator_steps):
+    event = og.Event(lambda t, y, args: y[0] - 6.0, terminal=True)
+    ts = jnp.concatenate([TS, jnp.full(3, 1.7)])
+    ts = jnp.sort(ts)
+    grads = gradients(retune, lotka_volterra, og.Quadrature(), (16,), ts=ts, event=event)
+    assert propagator_steps
+    assert_agree(grads, 1e-5)
+
+
+def test_backsolve_across_saves_reports_drift(retune, propagator_steps):
+    # a fast mode (rate 1000) beside a slow one is unstable backwards: re-integrated from t1,
+    # rounding in the fast mode grows by e^40 between saves, which the saves inside each step
+    # reveal without stopping there
+    retune(backsolve_across_params=0)
+
+    def decay(t, y, p):  # modes -p0 along (1, 1) and -p1 along (1, -1)
+        s, d = (y[0] + y[1]) / 2, (y[0] - y[1]) / 2
+        return jnp.stack([-p[0] * s - p[1] * d, -p[0] * s + p[1] * d])
+
+    def loss(p):
+        sol = og.solve(
+            decay,
+            jnp.array([1.0, 2.0]),
+            (0.0, 2.0),
+            p,
+            saveat=og.SaveAt(ts=jnp.linspace(0.0, 2.0, 50)),
+            step=og.Adaptive(rtol=1e-6, atol=1e-9),
+            adjoint=og.Backsolve(),
+        )
+        return jnp.sum(sol.ys)
+
+    with pytest.raises(Exception, match="Backsolve"):
+        jax.block_until_ready(jax.jit(jax.grad(loss))(jnp.array([1.0, 1000.0])))
+    assert any(propagator_steps)
 
 
 @pytest.mark.parametrize(
@@ -159,11 +236,18 @@ def test_columns_with_terminal_event_and_save_at_its_time(retune):
     assert_agree(grads, 1e-5)
 
 
-@pytest.mark.slow  # test_batched.py's vmap test covers Interpolating() (with columns) by default
-def test_columns_under_vmap_equal_each_member(retune):
+@pytest.mark.parametrize(
+    "name",  # test_batched.py's vmap test covers Interpolating() by default
+    [
+        pytest.param("Interpolating", marks=pytest.mark.slow),
+        pytest.param("Backsolve", marks=pytest.mark.slow),
+    ],
+)
+def test_columns_under_vmap_equal_each_member(retune, name):
     y0s = jnp.array([[2.0, 1.5], [0.5, 3.0], [4.0, 0.2]])  # step differently
-    loss = make_loss(lotka_volterra, og.Interpolating(), TOL)
-    retune(adjoint_columns=16)
+    adjoint = og.Backsolve() if name == "Backsolve" else og.Interpolating()
+    loss = make_loss(lotka_volterra, adjoint, TOL)
+    retune(adjoint_columns=16, backsolve_across_params=0)
     one = jax.jit(jax.grad(loss))
     each = [one(P, y0) for y0 in y0s]
     batched = jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0)))(P, y0s)

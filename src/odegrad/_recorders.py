@@ -122,11 +122,16 @@ class DenseRows(Recorder):
 @dataclass(frozen=True)
 class Accumulate(Recorder):
     """``sum over accepted steps of fn(t, dt, dense, args)`` (real time, signed ``dt``): the
-    quadrature adjoint's ``dL/dp``."""
+    quadrature adjoint's ``dL/dp``; ``combine(total, new)`` in place of the sum if given;
+    ``zeros``: the starting total, if known (else found by tracing ``fn`` on a first step)."""
 
     fn: Any
+    combine: Any = None
+    zeros: Any = None
 
     def init(self, setup):
+        if self.zeros is not None:
+            return self.zeros
         h = jnp.asarray(setup.s, setup.tdtype)
         shape = jax.eval_shape(
             lambda: self.fn(setup.s * setup.tau0, h, setup.first_dense(), setup.args)
@@ -136,6 +141,9 @@ class Accumulate(Recorder):
     def update(self, state, step, setup):
         s = setup.s
         contrib = self.fn(s * step.t, s * step.h, step.res.dense, setup.args)
+        if self.combine is not None:
+            new = self.combine(state, contrib)
+            return jax.tree.map(lambda a, b: jnp.where(step.accept, b, a), state, new)
         return jax.tree.map(lambda a, b: a + jnp.where(step.accept, b, 0), state, contrib)
 
     def finish(self, state, final):

@@ -80,6 +80,21 @@ class Tuning:
     #: ... and carries at most this many state entries in its extra columns (a step with a
     #: single save inside pays for every column)
     column_entries: int = 1 << 14
+    #: states of at most this many entries use the adjoint's propagator instead (n columns per
+    #: stage whatever the saves, see adjoint/columns.py's PropagatorSolver); 0: never.
+    propagator_entries: int = 8
+    #: ... gathering at most this many saves per backward step: 100 saves over 5 forward steps
+    #: took 7-8 backward steps with 16 (neural ODE, vmap 256, Interpolating: 151 ms with 16,
+    #: 123 with 32, 109 with 64). Outside vmap on CPU fewer, so that the propagators at the saves
+    #: stay under ``small_buffer_bytes`` (Lotka–Volterra, 20 saves, float64: 0.78 ms with 16
+    #: saves' 512 bytes, 2.5 ms with 20).
+    propagator_saves: int = 64
+    #: ``Backsolve`` rides the saves in the propagator (instead of stopping at each) only with
+    #: at least this many parameters: on a cheap ``f`` the propagator's bookkeeping costs more
+    #: per step than the stops (Lotka–Volterra, 4 parameters, ~120 steps: 10 saves 1.3 against
+    #: 2.4 ms, 100 saves 3.7 against 4.3 ms; only 400 saves favour it); on the neural ODE (4482
+    #: parameters, 100 saves, B = 32) it took the train step from 87 to 23 ms
+    backsolve_across_params: int = 256
     #: ``linear_solver="auto"`` factorises dense Jacobians up to this many state entries and
     #: runs matrix-free GMRES above (a dense Jacobian costs ``n`` JVPs and ``n^3 / 3`` flops).
     dense_max: int = 256

@@ -40,10 +40,32 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 
+from .._tree import rms_error_ratio, tree_lincomb
 from ..solvers.base import AbstractSolver, StepResult
+from ..solvers.explicit_rk import dense_weights
 
 PyTree = Any
+
+
+def _solve(m, b):
+    """``m^-1 b`` for small ``m`` near the identity (batched over leading axes), by Gaussian
+    elimination unrolled over the static size without pivoting: elementwise operations that XLA
+    fuses, where a batched LAPACK call per backward step cost more than the step on small
+    problems."""
+    n = m.shape[-1]
+    for k in range(n):
+        scale = m[..., k + 1 :, k] / m[..., k, k, None]
+        m = m.at[..., k + 1 :, :].add(-scale[..., None] * m[..., k, None, :])
+        b = b.at[..., k + 1 :].add(-scale * b[..., k, None])
+    x = [None] * n
+    for k in reversed(range(n)):
+        acc = b[..., k]
+        for j in range(k + 1, n):
+            acc = acc - m[..., k, j] * x[j]
+        x[k] = acc / m[..., k, k]
+    return jnp.stack(x, -1)
 
 
 class SaveColumns(NamedTuple):
@@ -51,11 +73,12 @@ class SaveColumns(NamedTuple):
 
     times: Any  # (N,)
     jumps: PyTree  # rows (N, ...) shaped like a
+    states: PyTree = None  # rows (N, ...): the forward state there (Backsolve's drift test)
 
     @classmethod
-    def merge(cls, times, jumps, valid) -> SaveColumns:
+    def merge(cls, times, jumps, valid, states=None) -> SaveColumns:
         """Sort, drop invalid saves (their jump becomes zero, their time ``+inf``) and sum the
-        jumps of equal times into the group's first row."""
+        jumps of equal times into the group's first row (``states``: the group's first)."""
         order = jnp.argsort(jnp.where(valid, times, jnp.inf), stable=True)
         times = jnp.where(valid, times, jnp.inf)[order]
         valid = valid[order]
@@ -67,7 +90,10 @@ class SaveColumns(NamedTuple):
         n = times.shape[0]
         merged = jax.tree.map(lambda r: jax.ops.segment_sum(r, group, num_segments=n), rows)
         utimes = jnp.full((n,), jnp.inf, times.dtype).at[group].set(times)
-        return cls(utimes, merged)
+        if states is not None:  # each group's first row
+            pick = lambda r: jnp.where(first.reshape((-1,) + (1,) * (r.ndim - 1)), r[order], 0)
+            states = jax.tree.map(lambda r: jax.ops.segment_sum(pick(r), group, n), states)
+        return cls(utimes, merged, states)
 
     def below(self, p):
         """The index of the last save strictly before ``p`` (-1: none)."""
@@ -86,9 +112,9 @@ class SaveColumns(NamedTuple):
 class ColumnSolver(AbstractSolver):
     """A backward solver whose step also carries the saves inside it as columns (see the module
     docstring). The backward state is ``{"a": ..., "g": ...}`` (``"g"``: ``dL/dp``, absent for
-    the quadrature adjoint); ``rates(read, p, A, weights, args, with_g)`` gives the columns'
-    ``da/dp`` at forward times ``p`` (one per column; ``read(p)`` the forward state), each times
-    its weight, and the weighted sum of their ``dg/dp`` (``None`` unless ``with_g``).
+    the quadrature adjoint); ``rates(y, p, A, weights, args, with_g)`` gives the columns'
+    ``da/dp`` at forward times ``p`` and states ``y`` (one per column), each times its weight,
+    and the weighted sum of their ``dg/dp`` (``None`` unless ``with_g``).
 
     ``reader(hi)`` gives ``(read, reach)`` for a step from ``hi`` (see
     :meth:`~odegrad.adjoint.sources.StateSource.reader`). Its carried state is
@@ -150,7 +176,7 @@ class ColumnSolver(AbstractSolver):
 
         def rhs(theta, z, args):
             p = start - theta * length
-            da, dg = self.rates(read, p, z["a"], -length, args, "g" in z)
+            da, dg = self.rates(jax.vmap(read)(p), p, z["a"], -length, args, "g" in z)
             return {"a": da} if dg is None else {"a": da, "g": dg}
 
         return rhs
@@ -171,7 +197,8 @@ class ColumnSolver(AbstractSolver):
             quad = None
             for x, w in zip(*self.quadrature, strict=True):
                 a = self.inner.interpolate(res.dense, x)["a"]
-                _, dg = self.rates(read, start - x * length, a, -length, args, True)
+                p = start - x * length
+                _, dg = self.rates(jax.vmap(read)(p), p, a, -length, args, True)
                 dg = jax.tree.map(lambda v: w * v, dg)
                 quad = dg if quad is None else jax.tree.map(jnp.add, quad, dg)
         return y1, error, quad
@@ -187,3 +214,125 @@ class ColumnSolver(AbstractSolver):
 
     def interpolate(self, dense, theta):
         raise NotImplementedError("the column steps keep no dense output")
+
+
+class PropagatorSolver(ColumnSolver):
+    """A backward step for small states that carries the adjoint's propagator instead of one
+    column per save, so a step costs ``n`` state products per stage however many saves it
+    crosses.
+
+    Over a step from ``hi`` down to ``lo`` (``theta`` in ``[0, 1]``, forward time
+    ``hi - theta (hi - lo)``) the step integrates the ``n x n`` propagator ``U(theta)``
+    (``U(0) = I``) of the homogeneous adjoint ODE: ``n`` columns at one time, each a
+    vector-Jacobian product of ``f`` with respect to ``y`` alone. With the saves inside at
+    ``theta_j`` and ``dw_j = U(theta_j)^-1 c_j`` (``U`` from the step's dense output),
+    ``a(theta) = U(theta) w(theta)`` where ``w = a(hi) + sum of dw_j over theta_j < theta`` is
+    piecewise constant, and ``a(lo) = U(1) w(1)``.
+
+    ``dL/dp`` over the step is ``int a^T f_p`` on each piece between saves. Written with the
+    Runge–Kutta method's continuous extension ``b_k(theta)`` of ``G(theta) = int_0^theta f_p^T U``,
+    it telescopes to one sum over the stages::
+
+        sum over pieces of G w  =  sum_k L_k u_k,   u_k = b_k w(1) - sum_j b_k(theta_j) dw_j
+
+    with ``L_k = f_p^T U_k`` at stage ``k`` (``U_k`` its stage value): one vector-Jacobian product
+    with respect to ``p`` over the stages, cotangent ``U_k u_k`` each, its parameter cotangent
+    summed inside the product. The error estimate is the propagator's applied to ``w(1)``. The
+    step's "dense output" is ``{"g": dL/dp}``, which the loop sums over accepted steps.
+
+    Against :class:`ColumnSolver` (``columns + 1`` products with respect to ``y`` and ``p`` per
+    stage) this pays ``n`` products with respect to ``y`` per stage and one over the stages
+    with respect to ``p``, and the step's length is not capped by the saves' count (up to
+    ``columns`` saves are gathered per step). ``U(theta_j)`` must be invertible: a backward step
+    of an explicit method is stability-limited, so ``U`` stays near the identity. It needs the
+    method's stage weights, so only explicit tableaus with a continuous extension use it.
+    ``state_rates(y, p, U, weight, args)`` gives ``dy/dp`` and the columns' ``dU/dtheta`` at
+    forward time ``p``; ``rates`` is :class:`ColumnSolver`'s (here for ``dL/dp`` only).
+
+    ``reintegrate`` (``Backsolve``): ``(rtol, atol)`` of its drift test. The step then
+    integrates ``y`` (key ``"y"``, from the same linearisation of ``f``) beside ``U`` instead of
+    reading it, and compares its dense output with the forward state at each save inside
+    (``saves.states``): the worst ratio in tolerances is the dense output's ``"drift"``. Where
+    the step ends, ``y`` is corrected by the last save's difference carried there to first
+    order, ``Phi(lo, s) e = U(1)^-T U(theta_s)^T e``: the reset to the stored state that a solve
+    stopping at that save makes, without stopping.
+    """
+
+    def __init__(self, inner, saves, columns, reader, rates, state_rates, floor, reintegrate=None):
+        super().__init__(inner, saves, columns, reader, rates, floor)
+        self.state_rates, self.reintegrate = state_rates, reintegrate
+
+    def step(self, f, t0, dt, y0, args, state):
+        k, tab = state[0], self.inner.tableau
+        t0 = jnp.asarray(t0)
+        lo = t0 + dt
+        length = t0 - lo
+        read = self.reader(t0)[0]
+        a0, unravel = ravel_pytree(y0["a"])
+        flat = jax.vmap(lambda col: ravel_pytree(col)[0])  # columns (n, ...) -> rows (n, n)
+        on_y = self.reintegrate is not None
+
+        def rhs(theta, z, args_):
+            p = t0 - theta * length
+            y = z["y"] if on_y else read(p)
+            dy, da = self.state_rates(y, p, z["a"], -length, args_)
+            return {"a": da, "y": jax.tree.map(lambda v: -length * v, dy)} if on_y else {"a": da}
+
+        eye = jnp.eye(a0.shape[0], dtype=a0.dtype)
+        z0 = {"a": jax.vmap(unravel)(eye), **({"y": y0["y"]} if on_y else {})}
+        one = jnp.ones((), t0.dtype)
+        res = self.inner.step(rhs, 0 * one, one, z0, args, self.inner.init(rhs, 0 * one, z0, args))
+        u_end = flat(res.y1["a"]).T
+
+        # the saves inside the step, each's propagated jump dw_j
+        idx = k - jnp.arange(self.columns)
+        row = lambda rows: jax.tree.map(lambda r: r[jnp.maximum(idx, 0)], rows)
+        times = self.saves.times[jnp.maximum(idx, 0)]
+        inside = (idx >= 0) & (times > jnp.maximum(lo, self.floor))
+        theta = jnp.where(inside, (t0 - times) / length, 0)
+        jumps = jnp.where(inside[:, None], flat(row(self.saves.jumps)), 0)
+        dense_at = jax.vmap(lambda th: self.inner.interpolate(res.dense, th))(theta)
+        u_at = jnp.swapaxes(jax.vmap(flat)(dense_at["a"]), 1, 2)
+        dw = jnp.where(inside[:, None], _solve(u_at, jumps), 0)
+        w = a0 + jnp.sum(dw, 0)
+        y1 = {**y0, "a": unravel(u_end @ w)}
+        error = {name: jax.tree.map(jnp.zeros_like, v) for name, v in y0.items()}
+        error["a"] = unravel(flat(res.error["a"]).T @ w)
+        out = {}
+        if on_y:
+            y1["y"], error["y"], out["drift"] = self._reset(
+                res, dense_at["y"], u_at, u_end, idx, inside
+            )
+
+        # dL/dp: one product over the stages (see the class docstring)
+        ks = res.dense[2]
+        weights = dense_weights(tab.dense, theta)  # per stage, (columns,)
+        stages = [z0] + [tree_lincomb(z0, one, tab.a[i - 1], ks[:i]) for i in range(1, tab.stages)]
+        cts = jnp.stack(
+            [
+                flat(stage["a"]).T @ (b_i * w - w_i @ dw)
+                for stage, b_i, w_i in zip(stages, tab.b, weights, strict=True)
+            ]
+        )
+        p = t0 - jnp.asarray(tab.c, t0.dtype) * length
+        ys = jax.tree.map(lambda *v: jnp.stack(v), *[z["y"] for z in stages]) if on_y else None
+        ys = jax.vmap(read)(p) if ys is None else ys
+        w_p = jnp.broadcast_to(-length, p.shape)
+        _, out["g"] = self.rates(ys, p, jax.vmap(unravel)(cts), w_p, args, True)
+        state = ((k - jnp.sum(inside)).astype(k.dtype), lo, self.reader(lo)[1])
+        return StepResult(y1, error, out, state)  # dL/dp as its "dense output", summed outside
+
+    def _reset(self, res, y_at, u_at, u_end, idx, inside):
+        """Backsolve's state at the step's end, its error, and the worst drift at the saves."""
+        rtol, atol = self.reintegrate
+        stored = jax.tree.map(lambda r: r[jnp.maximum(idx, 0)], self.saves.states)
+        ratio = jax.vmap(
+            lambda y, s: rms_error_ratio(jax.tree.map(jnp.subtract, y, s), s, s, rtol, atol)
+        )(y_at, stored)
+        drift = jnp.max(jnp.where(inside, jnp.where(jnp.isfinite(ratio), ratio, jnp.inf), 0))
+        last = jnp.maximum(jnp.sum(inside) - 1, 0)  # the save nearest lo (none: no correction)
+        diff = jax.tree.map(lambda y, s: (y[last] - s[last]) * jnp.any(inside), y_at, stored)
+        e, unravel = ravel_pytree(diff)
+        shift = _solve(u_end.T, u_at[last].T @ e)
+        y_end = jax.tree.map(jnp.subtract, res.y1["y"], unravel(shift))
+        return y_end, res.error["y"], drift

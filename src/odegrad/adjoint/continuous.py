@@ -43,8 +43,9 @@ from .._saving import SavePlan
 from .._step import AbstractStep, Adaptive
 from .._tree import tree_add, tree_bytes, tree_scale, tree_size, tree_where, tree_zeros_like
 from .._tuning import tuning
+from ..solvers.explicit_rk import ExplicitRK
 from .base import AbstractAdjoint, Problem, call_custom_vjp
-from .columns import ColumnSolver, SaveColumns
+from .columns import ColumnSolver, PropagatorSolver, SaveColumns
 from .memory import CheckpointPolicy, checkpoint_policy
 from .sources import ForwardDense, Pass, RecomputedSteps, Reintegrated, StateSource
 
@@ -143,7 +144,12 @@ class _Continuous(AbstractAdjoint):
                 _, pull = jax.vjp(lambda y_, a_: each(a_)(t, y_), y, args_diff)
                 return pull(ct)
 
-            return f, vjp, vjp_columns
+            def vjp_state(t, y, args_diff, cts):
+                # columns at one point: f linearised once, its transpose applied per column
+                out, pull = jax.vjp(lambda y_: f(t, y_, problem.with_args(args_diff)), y)
+                return out, jax.vmap(pull)(cts)[0]
+
+            return f, vjp, vjp_columns, vjp_state
         if any(isinstance(c, jax.core.Tracer) for c in jax.tree.leaves(problem.args[1:])):
             raise ValueError(
                 f"{type(self).__name__}(vjp=...): f (or SaveAt.fn) closes over arrays; pass them "
@@ -162,7 +168,11 @@ class _Continuous(AbstractAdjoint):
             cy, ca = jax.vmap(vjp, in_axes=(0, 0, None, 0))(t, y, args_diff, ct)
             return cy, jax.tree.map(lambda x: jnp.sum(x, 0), ca)
 
-        return f, vjp, vjp_columns
+        def vjp_state(t, y, args_diff, cts):
+            out = f(t, y, problem.with_args(args_diff))
+            return out, jax.vmap(vjp, in_axes=(None, None, None, 0))(t, y, args_diff, cts)[0]
+
+        return f, vjp, vjp_columns, vjp_state
 
     # -- the backward pass ------------------------------------------------------------------------
     def _backward(self, problem: Problem, y0, args_diff, keep, ct: LoopOutput):
@@ -173,7 +183,7 @@ class _Continuous(AbstractAdjoint):
                 "(sol.evaluate); use og.Discrete() to differentiate through sol.evaluate.",
                 stacklevel=2,
             )
-        f, vjp, vjp_columns = self._rhs_and_vjp(problem)
+        f, vjp, vjp_columns, vjp_state = self._rhs_and_vjp(problem)
         solver_b = problem.solver.adjoint_solver() if self.solver is None else self.solver
         if solver_b.partitioned:  # the backward state is not a (u, v) pair
             solver_b = _default_explicit()
@@ -182,13 +192,26 @@ class _Continuous(AbstractAdjoint):
         if isinstance(control, Adaptive | _Seminorm) and hasattr(solver_b, "with_tolerances"):
             solver_b = solver_b.with_tolerances(control.rtol, control.atol)
         # saves as columns of the backward steps (columns.py), where y is readable anywhere
-        columns = (
+        # the saves ride in the backward steps (columns.py) for explicit adaptive solves: as
+        # columns where y is readable anywhere, or, for small states, in the propagator (which
+        # reads y at its own stages, so Backsolve's re-integrated y serves too)
+        across = (
             tuning().adjoint_columns > 0
-            and src.reads_anywhere
             and plan.ts is not None
             and isinstance(control, Adaptive | _Seminorm)
             and getattr(solver_b, "tableau", None) is not None  # explicit: the columns decouple
         )
+        propagator = (
+            across
+            and (
+                src.reads_anywhere
+                or (src.reintegrates and tree_size(args_diff) >= tuning().backsolve_across_params)
+            )
+            and tree_size(ct.y1) <= tuning().propagator_entries
+            and isinstance(solver_b, ExplicitRK)
+            and solver_b.tableau.dense is not None  # its stage weights at the saves
+        )
+        columns = propagator or (across and src.reads_anywhere)
         points, labels, count = self._breakpoints(problem, keep, with_ts=not columns)
         tdtype = points.dtype
         y_at = partial(src.y, problem, keep)
@@ -197,9 +220,20 @@ class _Continuous(AbstractAdjoint):
         # than there are saves
         n_columns = min(tuning().adjoint_columns, tuning().column_entries // tree_size(ct.y1))
         n_columns = max(1, min(n_columns, 0 if plan.ts is None else plan.ts.shape[0]))
+        # dL/dp summed from each step's own sum, not a state of the backward ODE: the
+        # quadrature's, and the propagator's (whose sum is the same for both adjoints)
+        g_by_steps = self.quadrature or propagator
+        n_saves = 1 if plan.ts is None else min(tuning().propagator_saves, plan.ts.shape[0])
+        rule = tuning().small_buffer_bytes
+        if propagator and rule and problem.batch == 1:  # the propagator at each save, (M, n, n)
+            n_saves = max(1, min(n_saves, rule // (tree_bytes(ct.y1) * tree_size(ct.y1))))
+        reintegrate = None
+        if propagator and src.reintegrates:
+            ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
+            reintegrate = (ctrl.rtol, ctrl.atol)
         if columns:
             ys = src.states_at_saves(problem, keep)
-            saves, g0 = self._save_columns(problem, keep, ys, args_diff, ct)
+            saves, g0 = self._save_columns(problem, keep, ys, args_diff, ct, src.reintegrates)
 
         def rhs_for(c, within):
             """d(state)/dp for the backward state z = (a, g, src.carries) in forward time p."""
@@ -208,18 +242,37 @@ class _Continuous(AbstractAdjoint):
                 y = y_at({**c, **z}, p, within)  # z's own components are the ones at p
                 cy, ca = vjp(s * p, y, a_diff, z["a"])
                 out = {"a": tree_scale(-s, cy)}
-                if not self.quadrature:
+                if not g_by_steps:
                     out["g"] = tree_scale(-s, ca)
                 return {**out, **src.rhs(f, problem, p, y, a_diff)}
 
             return rhs
 
-        def rates(read, p, a, w, a_diff, with_g):
+        def rates(y, p, a, w, a_diff, with_g):
             """The columns' rates (see :class:`ColumnSolver`) at forward times ``p``."""
-            y = jax.vmap(read)(p)
             ct_ = jax.tree.map(lambda x: x * w.reshape((-1,) + (1,) * (x.ndim - 1)), a)
             cy, ca = vjp_columns(s * p, y, a_diff, ct_)
             return tree_scale(-s, cy), tree_scale(-s, ca) if with_g else None
+
+        def state_rates(y, p, a, w, a_diff):
+            """``dy/dp`` and the propagator's columns' rates (see :class:`PropagatorSolver`) at
+            time ``p``."""
+            dy, da = vjp_state(s * p, y, a_diff, a)
+            return tree_scale(s, dy), tree_scale(-s * w, da)
+
+        zeros = tree_zeros_like(args_diff)  # dL/dp
+        if propagator:
+            zeros = {"g": zeros, **({"drift": jnp.zeros((), tdtype)} if reintegrate else {})}
+
+        def combine(total, new):
+            """The propagator's step sums over accepted steps: dL/dp adds up, the drift is the
+            worst save's."""
+            if not propagator:
+                return jax.tree.map(jnp.add, total, new)
+            out = {"g": tree_add(total["g"], new["g"])}
+            return (
+                {**out, "drift": jnp.maximum(total["drift"], new["drift"])} if reintegrate else out
+            )
 
         def quadrature_for(c, within):
             nodes, weights = gauss_legendre(self._nodes(solver_b))
@@ -274,7 +327,7 @@ class _Continuous(AbstractAdjoint):
 
         def integrate(c, hi, lo):
             z = {"a": c["a"], **{k: c[k] for k in src.carries}}
-            if not self.quadrature:
+            if not g_by_steps:
                 z["g"] = c["g"]
             # (only events make the sides of a step boundary differ)
             within = None if problem.events is None else 0.5 * (hi + lo)
@@ -284,9 +337,14 @@ class _Continuous(AbstractAdjoint):
             if columns:
                 reader = partial(src.reader, problem, keep, c, within=within)
                 nodes = gauss_legendre(self._nodes(solver_b)) if self.quadrature else None
-                solver = ColumnSolver(solver_b, saves, n_columns, reader, rates, lo, nodes)
+                if propagator:
+                    solver = PropagatorSolver(
+                        solver_b, saves, n_saves, reader, rates, state_rates, lo, reintegrate
+                    )
+                else:
+                    solver = ColumnSolver(solver_b, saves, n_columns, reader, rates, lo, nodes)
                 # the column step computes its quadrature: its "dense output" is that sum
-                acc = (lambda t, dt, dense, a: dense) if self.quadrature else None
+                acc = (lambda t, dt, dense, a: dense) if g_by_steps else None
             if isinstance(control, Adaptive | _Seminorm):
                 out = while_loop(
                     solver,
@@ -298,7 +356,7 @@ class _Continuous(AbstractAdjoint):
                     control=control,
                     plan=SavePlan(fn=lambda t, y, a: y),
                     max_steps=problem.max_steps,
-                    record=() if acc is None else (Accumulate(acc),),
+                    record=() if acc is None else (Accumulate(acc, combine, zeros),),
                     s=-1.0,
                 )
                 z1, quad = out.y1, out.accumulated
@@ -309,7 +367,11 @@ class _Continuous(AbstractAdjoint):
                 z1 = res.y1
                 quad = None if acc is None else acc(hi, lo - hi, res.dense, args_diff)
             c = {**c, "a": z1["a"], **{k: z1[k] for k in src.carries}}
-            c["g"] = tree_add(c["g"], quad) if self.quadrature else z1["g"]
+            if propagator:  # its sums: dL/dp, and Backsolve's worst drift
+                if reintegrate:
+                    c["drift"] = jnp.maximum(c["drift"], quad["drift"])
+                quad = quad["g"]
+            c["g"] = tree_add(c["g"], quad) if g_by_steps else z1["g"]
             return c
 
         def interval(k, c):
@@ -347,7 +409,7 @@ class _Continuous(AbstractAdjoint):
         carry = src.sweep(bwd, {"a": ct.y1, "g": g0})
         return carry["a"], carry["g"]
 
-    def _save_columns(self, problem: Problem, keep, ys, args_diff, ct):
+    def _save_columns(self, problem: Problem, keep, ys, args_diff, ct, with_states=False):
         """The saves' jumps of ``a`` (merged per time) from the states there, and the sum of
         their ``dL/dp``, in one product over the saves; saves past where the solve stopped
         take no part."""
@@ -362,7 +424,7 @@ class _Continuous(AbstractAdjoint):
 
         _, pull = jax.vjp(saved, ys, args_diff)
         cy, ca = pull(rows)
-        return SaveColumns.merge(plan.ts, cy, valid), ca
+        return SaveColumns.merge(plan.ts, cy, valid, ys if with_states else None), ca
 
     @staticmethod
     def _nodes(solver) -> int:

@@ -78,6 +78,8 @@ class StateSource:
     reads_anywhere = False
     #: re-takes the forward steps from checkpoints (it needs ``StepRecord(retries=True)``)
     replays_steps = False
+    #: integrates ``y`` backwards beside the adjoint (the carry ``"y"``, rate :meth:`rhs`)
+    reintegrates = False
 
     def forward_plan(self, plan: SavePlan) -> SavePlan:
         """The forward solve's SavePlan: the user's, plus what this source reads back."""
@@ -262,6 +264,7 @@ class Reintegrated(StateSource):
 
     on_drift: str
     carries = ("y",)
+    reintegrates = True
 
     def forward_plan(self, plan):
         # the forward state beside each saved value: what the reset goes back to
@@ -272,6 +275,9 @@ class Reintegrated(StateSource):
 
     def y(self, problem, keep, c, p, within=None):
         return c["y"]
+
+    def states_at_saves(self, problem, keep):
+        return keep["ts_ys"]
 
     def rhs(self, f, problem, p, y, args_diff):
         s = problem.direction

@@ -31,6 +31,18 @@ def hermite(y0, y1, f0, f1, dt, theta):
     )
 
 
+def dense_weights(coefficients, theta) -> list:
+    """The continuous extension's stage weights ``b_i(theta)`` (row ``i`` of ``coefficients``:
+    the polynomial ``b_i(theta) / theta`` in increasing powers); ``theta`` may be an array."""
+    weights = []
+    for coeffs in coefficients:
+        acc = jnp.zeros_like(theta)
+        for c in reversed(coeffs):  # Horner in theta, then one more theta: b_i(0) = 0
+            acc = acc * theta + c
+        weights.append(acc * theta)
+    return weights
+
+
 def stage_interpolant(coefficients, dense, theta):
     """A Runge–Kutta method's dense output at ``t0 + theta * dt``.
 
@@ -41,12 +53,7 @@ def stage_interpolant(coefficients, dense, theta):
     if coefficients is None:
         return hermite(*dense, theta)
     y0, dt, ks = dense
-    weights = []
-    for coeffs in coefficients:
-        acc = jnp.zeros_like(theta)
-        for c in reversed(coeffs):  # Horner in theta, then one more theta: b_i(0) = 0
-            acc = acc * theta + c
-        weights.append(acc * theta)
+    weights = dense_weights(coefficients, theta)
     return jax.tree.map(
         lambda y, *k: y + dt * sum(w * ki for w, ki in zip(weights, k, strict=True)), y0, *ks
     )
