@@ -17,11 +17,12 @@ The methods differ only in where the backward pass gets ``y(t)`` and how it inte
 
 All times inside are forward time ``p = s t`` (``s = -1`` for backward solves). The backward solve
 stops at every grid point for fixed grids, at events and at checkpoint-segment ends. The adjoint
-jumps at every save time: with an adaptive explicit backward solver and a source that reads
-``y`` anywhere (not Backsolve), the saves inside a backward step ride in it as extra columns
-(:mod:`~odegrad.adjoint.columns`); otherwise the backward solve stops at each. Backward error
-control leaves ``dL/dp`` out of the norm (the seminorm of Kidger, Chen and Lyons, "Hey, that's
-not an ODE", ICML 2021).
+jumps at every save time: with an adaptive explicit backward solver the saves inside a backward
+step ride in it (:mod:`~odegrad.adjoint.columns`), through the adjoint's propagator for small
+states (Backsolve included, for an ``f`` with many parameters), as extra columns otherwise
+where ``y`` is readable anywhere (not Backsolve); otherwise the backward solve stops at each.
+Backward error control leaves ``dL/dp`` out of the norm (the seminorm of Kidger, Chen and
+Lyons, "Hey, that's not an ODE", ICML 2021).
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ class _Continuous(AbstractAdjoint):
                 src.reads_anywhere
                 or (src.reintegrates and tree_size(args_diff) >= tuning().backsolve_across_params)
             )
-            and tree_size(ct.y1) <= tuning().propagator_entries
+            and 0 < tree_size(ct.y1) <= tuning().propagator_entries
             and isinstance(solver_b, ExplicitRK)
             and solver_b.tableau.dense is not None  # its stage weights at the saves
         )
