@@ -164,18 +164,22 @@ class ColumnSolver(AbstractSolver):
         cap = jnp.where(j >= 0, hi - self.saves.times[jnp.maximum(j, 0)], jnp.inf)
         return jnp.minimum(cap, hi - reach)
 
+    def _inside(self, k, lo):
+        """The ``columns`` saves from index ``k`` down (latest first): their times, whether each
+        lies inside the step above ``lo``, and ``take(rows)``, those rows of a save array."""
+        idx = jnp.maximum(k - jnp.arange(self.columns), 0)
+        times = self.saves.times[idx]
+        inside = (k - jnp.arange(self.columns) >= 0) & (times > jnp.maximum(lo, self.floor))
+        return times, inside, lambda rows: jax.tree.map(lambda r: r[idx], rows)
+
     def _columns(self, t0, dt, y0, k):
         lo = t0 + dt
-        idx = k - jnp.arange(self.columns)
-        times = self.saves.times[jnp.maximum(idx, 0)]
-        inside = (idx >= 0) & (times > jnp.maximum(lo, self.floor))
+        times, inside, take = self._inside(k, lo)
         start = jnp.concatenate([t0[None], jnp.where(inside, times, lo)])
         first = jax.tree.map(lambda a: a[None], y0["a"])
         jumps = jax.tree.map(
-            lambda r: jnp.where(
-                inside.reshape((-1,) + (1,) * (r.ndim - 1)), r[jnp.maximum(idx, 0)], 0
-            ),
-            self.saves.jumps,
+            lambda r: jnp.where(inside.reshape((-1,) + (1,) * (r.ndim - 1)), r, 0),
+            take(self.saves.jumps),
         )
         cols = jax.tree.map(lambda x, r: jnp.concatenate([x, r]), first, jumps)
         return start, start - lo, cols, jnp.sum(inside)
@@ -295,12 +299,9 @@ class PropagatorSolver(ColumnSolver):
         u_end = flat(res.y1["a"]).T
 
         # the saves inside the step, each's propagated jump dw_j
-        idx = k - jnp.arange(self.columns)
-        row = lambda rows: jax.tree.map(lambda r: r[jnp.maximum(idx, 0)], rows)
-        times = self.saves.times[jnp.maximum(idx, 0)]
-        inside = (idx >= 0) & (times > jnp.maximum(lo, self.floor))
+        times, inside, take = self._inside(k, lo)
         theta = jnp.where(inside, (t0 - times) / length, 0)
-        jumps = jnp.where(inside[:, None], flat(row(self.saves.jumps)), 0)
+        jumps = jnp.where(inside[:, None], flat(take(self.saves.jumps)), 0)
         dense_at = jax.vmap(lambda th: self.inner.interpolate(res.dense, th))(theta)
         u_at = jnp.swapaxes(jax.vmap(flat)(dense_at["a"]), 1, 2)
         dw = jnp.where(inside[:, None], _solve(u_at, jumps), 0)
@@ -310,8 +311,9 @@ class PropagatorSolver(ColumnSolver):
         error["a"] = unravel(flat(res.error["a"]).T @ w)
         out = {}
         if on_y:
+            stored = take(self.saves.states)
             y1["y"], error["y"], out["drift"] = self._reset(
-                res, dense_at["y"], u_at, u_end, idx, inside
+                res, dense_at["y"], stored, u_at, u_end, inside
             )
 
         # dL/dp: one product over the stages (see the class docstring)
@@ -332,10 +334,9 @@ class PropagatorSolver(ColumnSolver):
         state = ((k - jnp.sum(inside)).astype(k.dtype), lo, self.reader(lo)[1])
         return StepResult(y1, error, out, state)  # dL/dp as its "dense output", summed outside
 
-    def _reset(self, res, y_at, u_at, u_end, idx, inside):
+    def _reset(self, res, y_at, stored, u_at, u_end, inside):
         """Backsolve's state at the step's end, its error, and the worst drift at the saves."""
         rtol, atol = self.reintegrate
-        stored = jax.tree.map(lambda r: r[jnp.maximum(idx, 0)], self.saves.states)
         ratio = jax.vmap(
             lambda y, s: rms_error_ratio(jax.tree.map(jnp.subtract, y, s), s, s, rtol, atol)
         )(y_at, stored)

@@ -192,7 +192,6 @@ class _Continuous(AbstractAdjoint):
         control = self._backward_control(problem)
         if isinstance(control, Adaptive | _Seminorm) and hasattr(solver_b, "with_tolerances"):
             solver_b = solver_b.with_tolerances(control.rtol, control.atol)
-        # saves as columns of the backward steps (columns.py), where y is readable anywhere
         # the saves ride in the backward steps (columns.py) for explicit adaptive solves: as
         # columns where y is readable anywhere, or, for small states, in the propagator (which
         # reads y at its own stages, so Backsolve's re-integrated y serves too)
@@ -261,19 +260,18 @@ class _Continuous(AbstractAdjoint):
             dy, da = vjp_state(s * p, y, a_diff, a)
             return tree_scale(s, dy), tree_scale(-s * w, da)
 
-        zeros = tree_zeros_like(args_diff)  # dL/dp
-        if propagator:
-            zeros = {"g": zeros, **({"drift": jnp.zeros((), tdtype)} if reintegrate else {})}
+        # the propagator's step sums over accepted steps: dL/dp adds up, the drift is the worst
+        # save's (known zeros: the recorder need not trace a step to find their shape)
+        zeros = {"g": tree_zeros_like(args_diff)}
+        zeros.update({"drift": jnp.zeros((), tdtype)} if reintegrate else {})
 
         def combine(total, new):
-            """The propagator's step sums over accepted steps: dL/dp adds up, the drift is the
-            worst save's."""
-            if not propagator:
-                return jax.tree.map(jnp.add, total, new)
             out = {"g": tree_add(total["g"], new["g"])}
             return (
                 {**out, "drift": jnp.maximum(total["drift"], new["drift"])} if reintegrate else out
             )
+
+        summed = Accumulate(lambda t, dt, dense, a: dense, combine, zeros)
 
         def quadrature_for(c, within):
             nodes, weights = gauss_legendre(self._nodes(solver_b))
@@ -357,7 +355,7 @@ class _Continuous(AbstractAdjoint):
                     control=control,
                     plan=SavePlan(fn=lambda t, y, a: y),
                     max_steps=problem.max_steps,
-                    record=() if acc is None else (Accumulate(acc, combine, zeros),),
+                    record=() if acc is None else (summed if propagator else Accumulate(acc),),
                     s=-1.0,
                 )
                 z1, quad = out.y1, out.accumulated

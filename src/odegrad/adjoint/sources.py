@@ -78,7 +78,8 @@ class StateSource:
     reads_anywhere = False
     #: re-takes the forward steps from checkpoints (it needs ``StepRecord(retries=True)``)
     replays_steps = False
-    #: integrates ``y`` backwards beside the adjoint (the carry ``"y"``, rate :meth:`rhs`)
+    #: integrates ``y`` backwards beside the adjoint (the carry ``"y"``, rate :meth:`rhs`; the
+    #: propagator's step takes ``f`` from its own linearisation instead)
     reintegrates = False
 
     def forward_plan(self, plan: SavePlan) -> SavePlan:
