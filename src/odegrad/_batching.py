@@ -72,6 +72,28 @@ def _member_where_vmap(axis_size, in_batched, pred, new, old):
     return out, jax.tree.map(lambda _: True, new)
 
 
+def member_cond(pred, true_fn, false_fn, *operands):
+    """``lax.cond(pred, true_fn, false_fn, *operands)`` for a ``pred`` that ``jax.vmap`` may
+    batch: ``true_fn`` runs when any member needs it and each member keeps its own branch's
+    result (:func:`member_where`); outside vmap a plain conditional.
+
+    JAX turns a conditional on a batched predicate into a select between both branches after
+    broadcasting every operand, the branches' closed-over arrays included, to the batch: a
+    backward pass whose branch closes over the forward pass's stored dense output (neural ODE,
+    vmap 256) spent more time broadcasting those buffers than integrating. Here they stay
+    unbatched; members whose ``pred`` is false also run ``true_fn``, so it must be safe (say,
+    integrating an empty interval) where its result is discarded.
+
+    Example:
+        >>> c = member_cond(hi > lo, lambda c: integrate(c, hi, lo), lambda c: c, c)
+    """
+
+    def both(*ops):
+        return member_where(pred, true_fn(*ops), false_fn(*ops))
+
+    return jax.lax.cond(any_member(pred), both, false_fn, *operands)
+
+
 @jax.custom_batching.custom_vmap
 def _batch_probe(x):
     return x

@@ -24,7 +24,7 @@ from jax import lax
 
 from ._batching import any_member
 from ._recorders import Recorder
-from ._tree import tree_bytes, tree_fill_rows, tree_set_row
+from ._tree import tree_bytes, tree_fill_rows, tree_set_row, tree_size
 from ._tuning import tuning
 
 PyTree = Any
@@ -69,6 +69,13 @@ def saves_in_step(ts, k, t_start, t_end):
     (step 0 also holds ``t_start`` itself): the one rule every loop and reverse pass uses."""
     j0 = jnp.where(k == 0, 0, _count_at_or_before(ts, t_start))
     return j0, _count_at_or_before(ts, t_end)
+
+
+def saves_gathered(n_saves: int, y0) -> int:
+    """How many saves a loop iteration handles together (at most ``n_saves``): up to
+    ``Tuning.saves_gathered``, fewer for a large state, whose saved values it holds at once."""
+    t = tuning()
+    return int(max(1, min(n_saves, t.saves_gathered, t.save_gather_entries // tree_size(y0))))
 
 
 def step_of_save(grid, ts):

@@ -164,39 +164,45 @@ def _raise_first_failure(code, t, step, info=None, describe=None):
 
 
 @partial(jax.custom_jvp, nondiff_argnums=(0,))
-def _thread_check(describe, outputs, failed, code, t, step, info):
-    """``outputs`` unchanged; when ``failed`` (unbatched), a host callback raises first.
+def host_check(host, outputs, failed, *operands):
+    """``outputs`` unchanged; when ``failed`` (an unbatched bool) ``host(*operands)`` runs first
+    on the host (NumPy arrays), to raise or warn.
 
     ``jax.pure_callback`` rather than ``jax.debug.callback``: a program with an effect leaves
     JAX's C++ dispatch path (measured: a tiny jitted function 5.5 -> 63 us per call), while a
-    pure callback in an untaken branch costs nothing. The outputs pass through the branch so
-    that the check cannot be dead-code eliminated."""
+    pure callback in an untaken branch costs nothing. The outputs pass through the callback so
+    that the check cannot be dead-code eliminated, and come out of it unchanged when ``host``
+    only warns.
+
+    Example:
+        >>> y = host_check(lambda d: warnings.warn(f"drift {d}"), y, any_member(d > 1), d)
+    """
     struct = jax.eval_shape(lambda: outputs)
 
-    def fail():
-        def host(code_, t_, step_, info_):
-            _raise_first_failure(code_, t_, step_, info_, describe)
-            return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), struct)
+    def fail(outputs_, operands_):
+        def run(outputs_, operands_):
+            host(*operands_)
+            return outputs_
 
-        return jax.pure_callback(host, struct, code, t, step, info, vmap_method="expand_dims")
+        return jax.pure_callback(run, struct, outputs_, operands_, vmap_method="expand_dims")
 
-    return jax.lax.cond(failed, fail, lambda: outputs)
+    return jax.lax.cond(failed, fail, lambda outputs_, _: outputs_, outputs, operands)
 
 
-@_thread_check.defjvp
-def _thread_check_jvp(describe, primals, tangents):
+@host_check.defjvp
+def _host_check_jvp(host, primals, tangents):
     # Under jax.grad the primal outputs are dead code, and the check with them. The tangents
     # are scaled by a 1 that comes out of the same check: the reverse pass needs it, so the
     # forward pass runs the check (one multiply per output entry).
     _, *rest = primals
-    one = _thread_check(describe, jnp.ones((), jnp.float32), *rest)
+    one = host_check(host, jnp.ones((), jnp.float32), *rest)
 
     def scale(dx):
         if dx.dtype == jax.dtypes.float0:
             return dx
         return dx * one.astype(dx.dtype)
 
-    return _thread_check(describe, *primals), jax.tree.map(scale, tangents[0])
+    return host_check(host, *primals), jax.tree.map(scale, tangents[0])
 
 
 def check_result(outputs, result, locate, describe=None):
@@ -226,4 +232,5 @@ def check_result(outputs, result, locate, describe=None):
     shapes = jax.eval_shape(located)
     placeholders = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
     t, step, code, info = jax.lax.cond(failed, located, placeholders)
-    return _thread_check(describe, outputs, failed, code, t, step, info)
+    raise_first = partial(_raise_first_failure, describe=describe)
+    return host_check(raise_first, outputs, failed, code, t, step, info)

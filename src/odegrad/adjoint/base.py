@@ -17,6 +17,7 @@ from .._loop import LoopOutput, scan_loop, while_loop
 from .._recorders import Recorder
 from .._saving import SavePlan
 from .._tree import tree_size
+from .._tuning import tuning
 
 PyTree = Any
 
@@ -186,6 +187,14 @@ class Problem:
             return self.state_bytes()
         leaves = jax.tree.leaves(self.y0)
         return sum(int(jax.numpy.size(x)) * jax.numpy.result_type(x).itemsize for x in leaves)
+
+    def checkpoints_keep_state(self, checkpoints: int) -> bool:
+        """Whether ``checkpoints`` binomial-schedule checkpoints may keep the solver's state
+        beside ``y`` when it can be recomputed from ``y``: while all of them together (the
+        whole batch) take at most ``Tuning.kept_solver_state_bytes`` more for it, which spares
+        one evaluation of ``f`` per reverse step."""
+        extra = self.state_bytes() - self.checkpoint_bytes()
+        return checkpoints * extra * max(self.batch, 1) <= tuning().kept_solver_state_bytes
 
 
 def call_custom_vjp(custom, plain, *args):

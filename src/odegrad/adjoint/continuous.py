@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .._batching import member_cond
 from .._loop import LoopOutput, RuntimeGrid, while_loop
 from .._recorders import Accumulate, StepRecord
 from .._saving import SavePlan
@@ -307,7 +308,7 @@ class _Continuous(AbstractAdjoint):
 
         def jump_at(p, label, c):
             if problem.events is not None:  # labels -2 - row mark events
-                c = lax.cond(label <= -2, lambda c_: event_at(-2 - label, c_), lambda c_: c_, c)
+                c = member_cond(label <= -2, lambda c_: event_at(-2 - label, c_), lambda c_: c_, c)
             c = src.at_breakpoint(problem, keep, c, label)
             ts_labels = plan.ts is not None and not columns  # (columns: none are breakpoints)
             if not ts_labels and not plan.steps:
@@ -379,7 +380,7 @@ class _Continuous(AbstractAdjoint):
                 problem.progress.backward.every(k + 1, count - 1, (k + 1) / (count - 1))
             hi, lo = points[i], points[i - 1]
             c = absorb(i, jump(i, c))
-            return lax.cond(hi > lo, lambda c_: integrate(c_, hi, lo), lambda c_: c_, c)
+            return member_cond(hi > lo, lambda c_: integrate(c_, hi, lo), lambda c_: c_, c)
 
         def absorb(i, c):
             """With columns: the saves at breakpoint ``i``, once per distinct time (the top of a
