@@ -510,6 +510,37 @@ def test_jacobian_reuse(monkeypatch, name):
             np.testing.assert_allclose(b, a, atol=1e-5 * scale, err_msg=repr(adjoint))
 
 
+def test_jacobian_reuse_under_vmap():
+    """Vmapped, each member keeps or refreshes its own Jacobian (a fresh one is built only when
+    some member needs it, and each member keeps its branch's): solutions and gradients equal the
+    members' own solves."""
+    prob = STIFF["robertson"]
+    f, y0 = jax_rhs(prob), jnp.asarray(prob.y0)
+    ps = jnp.asarray(prob.params) * jnp.array([[1.0], [1.3], [0.7]])
+    ts = jnp.logspace(-3, np.log10(prob.t1), 12)
+
+    def loss(p):
+        sol = og.solve(
+            f,
+            y0,
+            (prob.t0, prob.t1),
+            p,
+            solver=og.Kvaerno5(),
+            step=og.Adaptive(1e-7, 1e-10),
+            saveat=og.SaveAt(ts=ts),
+        )
+        return jnp.sum(sol.ys[:, 1] * 1e4 + sol.ys[:, 2]), sol.stats["steps"]
+
+    value_and_grad = jax.value_and_grad(loss, has_aux=True)
+    (vals, steps), grads = jax.jit(jax.vmap(value_and_grad))(ps)
+    assert len(set(np.asarray(steps).tolist())) > 1  # the members step differently
+    one = jax.jit(value_and_grad)
+    for i in range(ps.shape[0]):
+        (v, _), g = one(ps[i])
+        np.testing.assert_allclose(vals[i], v, rtol=1e-9)
+        np.testing.assert_allclose(grads[i], g, rtol=1e-7, atol=1e-9 * float(jnp.abs(g).max()))
+
+
 @pytest.mark.slow
 def test_preconditioned_derivative_solves(retune):
     """Derivatives of dense stages from PRECONDITIONED_MIN entries up solve with GMRES

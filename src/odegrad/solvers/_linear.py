@@ -22,6 +22,7 @@ import jax.scipy.linalg as jsl
 from jax import lax
 from jax.scipy.sparse.linalg import gmres
 
+from .._batching import member_cond
 from .._tuning import tuning
 
 LINEAR_SOLVERS = ("auto", "dense", "gmres")
@@ -135,7 +136,7 @@ class DenseNewton:
         return jsl.lu_solve(lu, residual(z))
 
     def refresh(self, lu, z, residual, pred):
-        return lax.cond(pred, lambda: jsl.lu_factor(jax.jacfwd(residual)(z)), lambda: lu)
+        return member_cond(pred, lambda: jsl.lu_factor(jax.jacfwd(residual)(z)), lambda: lu)
 
 
 class KrylovNewton:

@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from .._batching import member_cond
 from . import _linear
 from ._newton import stage_root
 from .base import AbstractSolver, StepResult
@@ -467,7 +468,9 @@ class _ESDIRK(_Implicit):
                 # (dt changes). A rejected step's retry starts from the same kept Jacobian
                 # (the loop keeps the state of the last accepted step).
                 jac_old, keep = sg(reuse)
-                jac = jax.lax.cond(keep > 0, lambda: jac_old, fresh_jac)
+                # a fresh Jacobian only when some member needs one (under jax.vmap a plain
+                # conditional on the batched flag computed it for every member every step)
+                jac = member_cond(keep <= 0, fresh_jac, lambda: jac_old)
             else:
                 jac = sg(fresh_jac())
             lu = _linear.iteration_lu(jac, c_ng)
