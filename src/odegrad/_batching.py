@@ -72,24 +72,32 @@ def _member_where_vmap(axis_size, in_batched, pred, new, old):
     return out, jax.tree.map(lambda _: True, new)
 
 
-def member_cond(pred, true_fn, false_fn, *operands):
+def member_cond(pred, true_fn, false_fn, *operands, differentiable: bool = True):
     """``lax.cond(pred, true_fn, false_fn, *operands)`` for a ``pred`` that ``jax.vmap`` may
     batch: ``true_fn`` runs when any member needs it and each member keeps its own branch's
-    result (:func:`member_where`); outside vmap a plain conditional.
+    result (a ``jnp.where`` on ``pred``); outside vmap a conditional whose taken branch ends
+    in a select on a scalar.
 
     JAX turns a conditional on a batched predicate into a select between both branches after
     broadcasting every operand, the branches' closed-over arrays included, to the batch: a
     backward pass whose branch closes over the forward pass's stored dense output (neural ODE,
     vmap 256) spent more time broadcasting those buffers than integrating. Here they stay
     unbatched; members whose ``pred`` is false also run ``true_fn``, so it must be safe (say,
-    integrating an empty interval) where its result is discarded.
+    integrating an empty interval) where its result is discarded. ``differentiable=False``
+    (for values no derivative flows through, such as a kept Jacobian) selects with
+    :func:`member_where`, which costs nothing outside vmap.
 
     Example:
         >>> c = member_cond(hi > lo, lambda c: integrate(c, hi, lo), lambda c: c, c)
     """
 
     def both(*ops):
-        return member_where(pred, true_fn(*ops), false_fn(*ops))
+        new, old = true_fn(*ops), false_fn(*ops)
+        if not differentiable:
+            return member_where(pred, new, old)
+        # a custom_vmap (member_where) takes no JVP under jax.jacfwd(jax.grad(...)) nor a
+        # linearisation inside a reverse step: jnp.where does, for a select on the outputs
+        return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
 
     return jax.lax.cond(any_member(pred), both, false_fn, *operands)
 

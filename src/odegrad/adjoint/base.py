@@ -10,8 +10,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
+from .._batching import member_cond
 from .._kinks import Kink, find_kinks
 from .._loop import LoopOutput, scan_loop, while_loop
 from .._recorders import Recorder
@@ -123,7 +123,7 @@ class Problem:
         def quiet(_):
             return res.y1, res.state, (s * starts[k + 1], res.y1)
 
-        return lax.cond(row >= 0, fired, quiet, None)
+        return member_cond(row >= 0, fired, quiet, None)
 
     def event_cotangent(self, row, which, ct):
         """The cotangents of ``(t*, y-)`` of row ``row`` of ``sol.events`` (zeros for -1),

@@ -136,7 +136,8 @@ class DenseNewton:
         return jsl.lu_solve(lu, residual(z))
 
     def refresh(self, lu, z, residual, pred):
-        return member_cond(pred, lambda: jsl.lu_factor(jax.jacfwd(residual)(z)), lambda: lu)
+        refresh = lambda: jsl.lu_factor(jax.jacfwd(residual)(z))
+        return member_cond(pred, refresh, lambda: lu, differentiable=False)
 
 
 class KrylovNewton:

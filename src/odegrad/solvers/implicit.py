@@ -470,7 +470,7 @@ class _ESDIRK(_Implicit):
                 jac_old, keep = sg(reuse)
                 # a fresh Jacobian only when some member needs one (under jax.vmap a plain
                 # conditional on the batched flag computed it for every member every step)
-                jac = member_cond(keep <= 0, fresh_jac, lambda: jac_old)
+                jac = member_cond(keep <= 0, fresh_jac, lambda: jac_old, differentiable=False)
             else:
                 jac = sg(fresh_jac())
             lu = _linear.iteration_lu(jac, c_ng)
