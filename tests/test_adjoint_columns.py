@@ -204,16 +204,7 @@ def test_backsolve_drift_check_is_free_and_warns_with_its_gradient(monkeypatch):
     from odegrad.adjoint import sources
 
     def loss(p, on_drift="raise"):
-        sol = og.solve(
-            lotka_volterra,
-            Y0,
-            (0.0, 4.0),
-            p,
-            saveat=og.SaveAt(ts=TS),
-            step=og.Adaptive(rtol=1e-8, atol=1e-8),
-            adjoint=og.Backsolve(on_drift=on_drift),
-        )
-        return jnp.sum(sol.ys**2)
+        return make_loss(lotka_volterra, og.Backsolve(on_drift=on_drift), 1e-8)(p, Y0)
 
     grad = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0,)))
     ps = jnp.stack([P, P * 1.1])
