@@ -523,7 +523,9 @@ def test_interpolating_checkpoint_memory_x32():
     _check_memory(False)
 
 
-@pytest.mark.parametrize("adjoint_name", ["Interpolating", "Backsolve"])
+@pytest.mark.parametrize(
+    "adjoint_name", ["Interpolating", pytest.param("Backsolve", marks=pytest.mark.slow)]
+)  # the mechanism (member_cond's differentiable select) is shared; Backsolve in the slow tier
 def test_hessian_forward_over_reverse(adjoint_name):
     # jax.jacfwd(jax.grad(...)) differentiates the backward pass forward: its conditionals
     # (member_cond) and host checks must take a JVP. Against central differences of the

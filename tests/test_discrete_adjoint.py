@@ -80,6 +80,7 @@ def fd_grad(fun, x, rel_step=1e-6):
     """Central finite differences of a scalar ``fun`` w.r.t. every entry of the pytree ``x``."""
     flat, unravel = ravel_pytree(x)
     flat = np.asarray(flat, dtype=np.float64)
+    fun = jax.jit(fun)  # compiled once: an eager solve retraces and recompiles on every call
     g = np.zeros_like(flat)
     for i in range(flat.size):
         h = rel_step * max(1.0, abs(flat[i]))

@@ -274,6 +274,7 @@ def test_rock2_interpolating_gradient_close_to_discrete():
 
 def _fd4(fn, x, v, eps=1e-4):
     """Fourth-order central difference of ``fn`` at ``x`` in direction ``v``."""
+    fn = jax.jit(fn)  # compiled once for the four evaluations (eager solves retrace each call)
     return (
         -fn(x + 2 * eps * v) + 8 * fn(x + eps * v) - 8 * fn(x - eps * v) + fn(x - 2 * eps * v)
     ) / (12 * eps)
@@ -321,7 +322,7 @@ def test_recurrence_gradient_matches_finite_differences(solver, dt, rtol, memory
     np.testing.assert_allclose(jnp.vdot(g_y, v), fd_y, rtol=rtol, err_msg=f"{stages} stages")
     np.testing.assert_allclose(g_a[0], fd_a, rtol=rtol, err_msg=f"{stages} stages")
     # forward mode (the tangent recurrence) gives the same numbers
-    jf = jax.jacfwd(loss)(a0, y0)
+    jf = jax.jit(jax.jacfwd(loss))(a0, y0)
     np.testing.assert_allclose(jf, g_a, rtol=1e-11)
 
 
@@ -531,11 +532,14 @@ def test_power_iteration_restarts_from_a_broken_vector_and_keeps_float32_in_rang
     assert 0.7 < np.linalg.norm(u) < 1.3  # norm ~1: the first norm cannot overflow
 
 
-def test_replays_refresh_after_the_rejections_the_forward_loop_refreshed_after():
+def test_replays_refresh_after_the_rejections_the_forward_loop_refreshed_after(retune):
     """Adjoints that replay steps from checkpoints (``Discrete(3)``, ``Interpolating(
     checkpoints=3)``) chain each step's state into the next; where the forward loop refreshed
     the estimate after a rejection, so must they (``StepRecord(retries=True)``), or they
     retake steps with the stale estimate: unstable, gradients of 1e200 or nan before this."""
+    # the replays do not depend on how a step's stages are reversed: straight-line code for up
+    # to 2 stages (not 6) halves the compile (test_straight_line_reverse_* covers the rest)
+    retune(kept_stages=2)
     f, _, x = heat(8)
     y0 = smooth_y0(x) + 0.2 * jnp.sin(8 * jnp.pi * jnp.asarray(x))
     b = jnp.cos(3 * jnp.asarray(x))
@@ -551,7 +555,7 @@ def test_replays_refresh_after_the_rejections_the_forward_loop_refreshed_after()
                           adjoint=adjoint).ys  # fmt: skip
             return jnp.sum(ys[-1] ** 2)
 
-        return jax.grad(loss, argnums=(0, 1))(p[1], y0)
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(p[1], y0)
 
     exact = grad(og.Discrete("all"))  # replays nothing: every step's state is stored
     assert abs(float(exact[0])) > 1e-3

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._batching import vmap_batch_size
+from ._eager import cached_solve, is_eager
 from ._events import Event, EventSet
 from ._events import check_shapes as check_event_shapes
 from ._events import prepare as prepare_events
@@ -78,6 +79,10 @@ def solve(
     Returns:
         A :class:`~odegrad.Solution`.
 
+    Called outside ``jax.jit``, ``jax.grad`` and ``jax.vmap``, the solve is compiled once per
+    configuration and reused from its second call on (a changed closure or global recompiles;
+    see the docs' internals page, "Eager calls").
+
     Example:
         >>> import jax, jax.numpy as jnp, odegrad as og
         >>> def f(t, y, k):
@@ -87,11 +92,27 @@ def solve(
         (1, 3)
         >>> grad = jax.grad(lambda k: og.solve(f, jnp.ones(3), (0.0, 1.0), k).ys.sum())(2.0)
     """
+    options = dict(solver=solver, step=step, saveat=saveat, adjoint=adjoint, max_steps=max_steps)
+    options.update(throw=throw, events=events, max_events=max_events)
     mesh = explicit_mesh((y0, args, t_span))
     if mesh is not None:  # sharded over a mesh with Explicit axes: see _scaleout.py
-        kw = dict(solver=solver, step=step, saveat=saveat, adjoint=adjoint, max_steps=max_steps)
-        kw.update(progress=progress, throw=throw, events=events, max_events=max_events)
-        return on_auto_axes(lambda y, a, ts: solve(f, y, ts, a, **kw), mesh, y0, args, t_span)
+        run = lambda y, a, ts: solve(f, y, ts, a, progress=progress, **options)
+        return on_auto_axes(run, mesh, y0, args, t_span)
+    # an eager call: compiled once per configuration (see _eager.py)
+    if not progress and is_eager(y0, args, t_span):
+        if throw:  # the traced path skips this check: run it on the concrete state here
+            check_concrete_state(_as_state(y0), state_names(y0))
+        sol = cached_solve(_solve, f, y0, t_span, args, options)
+        if sol is not None:
+            return sol
+    return _solve(f, y0, t_span, args, progress=progress, **options)
+
+
+def _solve(
+    f, y0, t_span, args, *, solver, step, saveat, adjoint, max_steps, throw, events, max_events,
+    progress=False,
+):  # fmt: skip
+    """:func:`solve` once the inputs are on one device (or traced)."""
     adjoint = Auto() if adjoint is None else adjoint
     y0_user = y0
     problem, ctx = _build_problem(
