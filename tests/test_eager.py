@@ -102,3 +102,14 @@ def test_failures_still_raise_from_the_cached_call():
             og.solve(f, Y0, (0.0, 1.0), max_steps=64)
     with pytest.raises(ValueError, match="y0"):  # the eager check of a non-finite y0
         og.solve(f, jnp.asarray([1.0, jnp.nan]), (0.0, 1.0))
+
+
+def test_a_tuning_override_is_not_served_the_default_program():
+    from odegrad._tuning import tuned
+
+    f = lambda t, y, a: -y
+    n = _entries()
+    _cached(f, Y0, (0.0, 3.0))
+    with tuned(memory_budget=2**10):  # read at trace time: another program
+        _cached(f, Y0, (0.0, 3.0))
+    assert _entries() == n + 2

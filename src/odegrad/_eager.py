@@ -29,6 +29,7 @@ import numpy as np
 from jax._src import core as jax_core
 
 from ._tree import is_array
+from ._tuning import tuning
 
 #: compiled solves kept; the oldest is dropped beyond this
 CACHE_SIZE = 32
@@ -168,6 +169,10 @@ def cached_solve(body: Callable, f, y0, t_span, args, options: dict):
             tuple(jaxprs),
             tuple(id(u) for u in users),
             jax.config.jax_enable_x64,
+            # what the solve reads at trace time besides its inputs: a tuned(...) override
+            # or another backend must not be served a program compiled under the other
+            tuning(),
+            jax.default_backend(),
         )
         hash(key)
     except Exception:  # anything the key cannot describe, or a bad input: the plain path
