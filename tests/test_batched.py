@@ -90,7 +90,7 @@ def test_equinox_module_as_args_matches_closure(adjoint):
         return jnp.sum(sol.ys**2)
 
     g_args = eqx.filter_jit(eqx.filter_grad(loss_args))(model)
-    g_closure = eqx.filter_grad(loss_closure)(model)
+    g_closure = eqx.filter_jit(eqx.filter_grad(loss_closure))(model)
     leaves_a = jax.tree.leaves(eqx.filter(g_args, eqx.is_array))
     leaves_c = jax.tree.leaves(eqx.filter(g_closure, eqx.is_array))
     assert len(leaves_a) == len(leaves_c) == 7  # 3 weights, 3 biases, scale

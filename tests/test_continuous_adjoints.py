@@ -252,10 +252,10 @@ def seed_grad(adjoint_name: str, form: str, index: int, dtype_name: str = "float
     return kr.seed000_value_and_grad(adjoint, form, index, dtype_name, tol)
 
 
+# all slow: in the default run seed 000's adjoints are checked against central differences
+# (test_seed000_finite_differences) and against CVODES (tests/test_kinks.py)
 SEED_CASES = [
-    pytest.param(form, index, marks=() if (form, index) == ("flat", -1) else slow)
-    for form in ("flat", "tree")
-    for index in (-1, 19)
+    pytest.param(form, index, marks=slow) for form in ("flat", "tree") for index in (-1, 19)
 ]
 
 
@@ -443,14 +443,16 @@ def test_auto_counts_only_traced_inputs(monkeypatch):
             cls, "run", lambda self, pr, run=run: (chosen.append(self), run(self, pr))[1]
         )
     p = jnp.array([1.3, 0.4])
-    g_auto = jax.grad(loss)(p)
+    g_auto = jax.jit(jax.grad(loss))(p)
     assert isinstance(chosen[0], og.Forward), chosen
-    g_ref = jax.grad(lambda p: loss(p, adjoint=og.Discrete("all")))(p)
+    g_ref = jax.jit(jax.grad(lambda p: loss(p, adjoint=og.Discrete("all"))))(p)
     np.testing.assert_allclose(g_auto, g_ref, rtol=1e-12)
     chosen.clear()
-    g_both = jax.grad(lambda p, y: loss(p, y), argnums=(0, 1))(p, y0)
+    g_both = jax.jit(jax.grad(lambda p, y: loss(p, y), argnums=(0, 1)))(p, y0)
     assert isinstance(chosen[0], og.Discrete), chosen
-    g_both_ref = jax.grad(lambda p, y: loss(p, y, og.Discrete("all")), argnums=(0, 1))(p, y0)
+    g_both_ref = jax.jit(jax.grad(lambda p, y: loss(p, y, og.Discrete("all")), argnums=(0, 1)))(
+        p, y0
+    )
     for a, b in zip(g_both, g_both_ref, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12)
 

@@ -172,9 +172,10 @@ def test_backsolve_with_saves_past_a_terminal_event():
         rows = jnp.where(jnp.isfinite(sol.ys[:-1, 0]), sol.ys[:-1, 0], 0.0)
         return jnp.sum(rows**2) + sol.ts[-1]
 
-    want = jax.grad(loss)(P_IMPACT, og.Discrete())
-    np.testing.assert_allclose(jax.grad(loss)(P_IMPACT, og.Backsolve()), want, atol=1e-6)
-    np.testing.assert_allclose(jax.grad(loss)(P_IMPACT, og.Interpolating()), want, atol=1e-6)
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    want = grad(P_IMPACT, og.Discrete())
+    np.testing.assert_allclose(grad(P_IMPACT, og.Backsolve()), want, atol=1e-6)
+    np.testing.assert_allclose(grad(P_IMPACT, og.Interpolating()), want, atol=1e-6)
 
 
 def test_event_on_a_grid_point():
@@ -251,9 +252,10 @@ def test_fixed_steps_continuous_adjoint_across_a_jump():
         )
         return sol.ys[-1, 1]
 
-    want = jax.grad(loss)(0.5, og.Discrete())
+    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    want = grad(0.5, og.Discrete())
     # the continuous adjoint of the same steps differs from the discrete one by O(dt)
-    np.testing.assert_allclose(jax.grad(loss)(0.5, og.Interpolating()), want, rtol=1e-3)
+    np.testing.assert_allclose(grad(0.5, og.Interpolating()), want, rtol=1e-3)
 
 
 def test_bouncing_ball_fixed_steps():
@@ -274,7 +276,7 @@ def test_bouncing_ball_fixed_steps():
     # a quadratic is integrated exactly by Tsit5, so only the event location limits this
     np.testing.assert_allclose(h_t, bounces_exact(P_BOUNCE)[1][0], atol=1e-8)
     assert int(accepted) == 300 + N_BOUNCES
-    grad = jax.grad(lambda p: run(p)[0])(P_BOUNCE)
+    grad = jax.jit(jax.grad(lambda p: run(p)[0]))(P_BOUNCE)
     exact = jax.grad(lambda p: bounces_exact(p)[1][0])(P_BOUNCE)
     np.testing.assert_allclose(grad, exact, atol=1e-6)
 
@@ -454,7 +456,9 @@ def test_partitioned_solver_with_events():
 
     np.testing.assert_allclose(run(P_BOUNCE), bounces_exact(P_BOUNCE)[0], atol=1e-3)
     np.testing.assert_allclose(
-        jax.jacrev(run)(P_BOUNCE), jax.jacfwd(lambda p: bounces_exact(p)[0])(P_BOUNCE), atol=1e-2
+        jax.jit(jax.jacrev(run))(P_BOUNCE),
+        jax.jacfwd(lambda p: bounces_exact(p)[0])(P_BOUNCE),
+        atol=1e-2,
     )
 
 
@@ -469,8 +473,12 @@ def test_float32():
     sol = og.solve(fall, y0, (0.0, 5.0), {"g": jnp.float32(9.81)}, events=HIT)
     assert sol.ts.dtype == jnp.float32
     np.testing.assert_allclose(sol.ts[-1], impact_exact(P_IMPACT)[0], rtol=1e-5)
-    grad = jax.grad(
-        lambda h: og.solve(fall, jnp.stack([h, 2.0]), (0.0, 5.0), {"g": 9.81}, events=HIT).ts[-1]
+    grad = jax.jit(
+        jax.grad(
+            lambda h: og.solve(fall, jnp.stack([h, 2.0]), (0.0, 5.0), {"g": 9.81}, events=HIT).ts[
+                -1
+            ]
+        )
     )(jnp.float32(1.0))
     exact = jax.grad(lambda h: impact_exact(jnp.stack([h, 2.0, 9.81]))[0])(1.0)
     np.testing.assert_allclose(grad, exact, rtol=1e-4)
