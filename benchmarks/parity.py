@@ -20,7 +20,8 @@ Workloads, from the scripts they reproduce:
 * events: ``vmap(grad)`` of a terminal event's time (64 members, ``Auto()``) and a bouncing
   ball's gradient with ``Interpolating()`` (float64);
 * stencil: ROCK2 with adaptive steps on a 128 x 128 diffusion, vmapped over 8 members;
-* seed001: ROCK2 on seed 001's 160^3 float64 diffusion, fixed and adaptive steps.
+* seed001: ROCK2 on seed 001's 160^3 float64 diffusion, fixed and adaptive steps, and the
+  gradient of the fixed-step solve.
 
 Every workload runs with odegrad's defaults where the script does (``throw=True``, ``Auto()``).
 
@@ -228,7 +229,7 @@ def stencil_workloads(tag: str) -> dict:
 def seed001_workloads(tag: str) -> dict:
     """Seed 001's 3-d diffusion at 160^3 float64 (fields out of cache), ``og.ROCK2()`` with its
     defaults: 4 fixed steps and adaptive steps at ``rtol = atol = 1e-4``, as in
-    ``diffusion3d.py``."""
+    ``diffusion3d.py``; and the gradient of the fixed-step solve."""
     import odegrad as og
     from odegrad.problems import diffusion3d
 
@@ -244,6 +245,15 @@ def seed001_workloads(tag: str) -> dict:
             )
 
         out[("ROCK2 160^3 float64", name, "forward")] = (compile_timed(make, args), args)
+
+    def make_grad():  # the default adjoint, fixed steps (docs/stencil.md's gradient figure)
+        def loss(T0, a):
+            sol = og.solve(p.rhs, T0, (0.0, p.t1), a, solver=og.ROCK2(), step=og.Fixed(p.t1 / 4))
+            return jnp.sum(sol.ys[-1] ** 2)
+
+        return jax.grad(loss, argnums=(0, 1))
+
+    out[("ROCK2 160^3 float64", "fixed", "gradient")] = (compile_timed(make_grad, args), args)
     return out
 
 

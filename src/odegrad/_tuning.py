@@ -76,7 +76,8 @@ class Tuning:
     materialize_size: int = 2048
     #: ROCK/RKC steps of at most this many stages are reversed by straight-line code (no stage
     #: buffer; a buffer read at a run-time index made XLA:CPU's stencil kernels several times
-    #: slower); each count up to it is one more branch to compile (~its square in transposes).
+    #: slower); each count up to it is one more branch to compile (~its square in transposes;
+    #: the stage products are traced once and shared by the branches, XLA compiles each copy).
     kept_stages: int = 6
     #: bytes the reverse pass of one ROCK/RKC step may keep of its stages; beyond that it keeps
     #: a checkpoint every ``B`` stages and recomputes one segment at a time.

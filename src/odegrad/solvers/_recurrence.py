@@ -184,6 +184,20 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
         c1, c2, cth = vjp(g)
         return _lc((1.0, h), (1.0, c1)), c2, _lc((1.0, ct_th), (1.0, cth))
 
+    # the straight-line branches' stage products, traced once and called from every branch
+    # (XLA inlines the calls: the same program, with a fraction of the tracing)
+    @jax.jit
+    def stage_fwd(u1, u2, x, thd, cs):
+        return call(u1, u2, x, thd, cs)
+
+    @jax.jit
+    def stage_vjp(u1, u2, x, thd, cs, g):
+        return jax.vjp(lambda a, t: call(a, u2, x, t, cs), u1, thd)[1](g)
+
+    @jax.jit
+    def stage_vjp_u2(u1, u2, x, thd, cs, g):
+        return jax.vjp(lambda b: call(u1, b, x, thd, cs), u2)[1](g)[0]
+
     def straight_back(m, prev, cur, out, thd, cs, xs, n, acc):
         """The ``m <= kept_stages`` transposed stages as straight-line code: ``u_1 .. u_{m-2}``
         recomputed (each materialised, so that no stencil recomputes its producer), ``u_{m-1}``
@@ -197,7 +211,7 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
             us.append(
                 lax.cond(
                     n > i,
-                    lambda u1=u1, u2=u2, i=i: call(u1, u2, x_at(xs, i), thd, cs),
+                    lambda u1=u1, u2=u2, i=i: stage_fwd(u1, u2, x_at(xs, i), thd, cs),
                     lambda u1=u1: _zeros_like(u1),
                 )
             )
@@ -210,13 +224,10 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
         def partial_u2(i, g):
             """Stage ``i + 1``'s cotangent of its input ``u_{i-1}`` (a linear term of the next
             stage's cotangent, which XLA fuses there instead of materialising it)."""
-            x = x_at(xs, i)
-            return jax.vjp(lambda b: call(us[i + 1], b, x, thd, cs), us[i])[1](g)[0]
+            return stage_vjp_u2(us[i + 1], us[i], x_at(xs, i), thd, cs, g)
 
         def one(i, first, g, gnext, ct_th):
-            x = x_at(xs, i)
-            _, vjp = jax.vjp(lambda a, t: call(a, us[i], x, t, cs), us[i + 1], thd)
-            c1, cth = vjp(g)
+            c1, cth = stage_vjp(us[i + 1], us[i], x_at(xs, i), thd, cs, g)
             part = gnext if first else partial_u2(i + 1, gnext)
             return _lc((1.0, part), (1.0, c1)), _lc((1.0, ct_th), (1.0, cth))
 
