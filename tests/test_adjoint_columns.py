@@ -219,9 +219,10 @@ def test_backsolve_drift_check_is_free_and_warns_with_its_gradient(monkeypatch):
         jax.block_until_ready(jax.jit(jax.vmap(jax.grad(loss)))(ps))
 
 
+@pytest.mark.slow  # the default run has Quadrature's columns against CVODES (continuous adjoints)
 @pytest.mark.parametrize(
     "name",  # (the re-taken steps' columns stay in the default run through the SaveAt(fn) test)
-    ["Quadrature", pytest.param("Interpolating(checkpoints=3)", marks=pytest.mark.slow)],
+    ["Quadrature", "Interpolating(checkpoints=3)"],
 )
 def test_columns_of_the_other_sources_match_exact(retune, name):
     assert_agree(gradients(retune, lotka_volterra, ADJOINTS[name]), 1e-6)

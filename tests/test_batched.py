@@ -58,7 +58,9 @@ def _slow_for(*slow):
 
 
 @pytest.mark.parametrize(
-    "adjoint", _slow_for(og.Interpolating(checkpoints=2), og.Discrete(3), og.Backsolve()), ids=repr
+    "adjoint",  # (Quadrature shares Interpolating's handling of args: slow tier)
+    _slow_for(og.Interpolating(checkpoints=2), og.Quadrature(), og.Discrete(3), og.Backsolve()),
+    ids=repr,
 )
 def test_equinox_module_as_args_matches_closure(adjoint):
     """An equinox module passed as ``args`` (non-array leaves included) gives the gradient of
@@ -110,7 +112,13 @@ KS = jnp.array([0.5, 10.0, 3.0])
 
 @pytest.mark.parametrize(
     "adjoint",
-    _slow_for(og.Interpolating(checkpoints=2), og.Quadrature(), og.Discrete(3), og.Backsolve()),
+    [
+        *_slow_for(
+            og.Interpolating(checkpoints=2), og.Quadrature(), og.Discrete(3), og.Backsolve()
+        ),
+        # the dense output 4 steps at a time: each member re-takes its own number of blocks
+        og.Interpolating(dense_rows=4),
+    ],
     ids=repr,
 )
 def test_vmap_gradient_equals_each_member(adjoint):
@@ -129,8 +137,9 @@ def test_vmap_gradient_equals_each_member(adjoint):
         for y, k in zip(Y0S, KS, strict=True)
     ]
     assert max(steps) > 1.5 * min(steps)  # the members really differ
+    one_member = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     for i in range(len(KS)):
-        one = jax.value_and_grad(loss, argnums=(0, 1))(Y0S[i], KS[i])
+        one = one_member(Y0S[i], KS[i])
         for b, o in zip(jax.tree.leaves(batched), jax.tree.leaves(one), strict=True):
             np.testing.assert_allclose(b[i], o, rtol=1e-10, atol=1e-12)
 

@@ -44,6 +44,8 @@ ADJOINTS = {
     "Backsolve": og.Backsolve(),
     "Interpolating": og.Interpolating(),
     "Interpolating4": og.Interpolating(checkpoints=4),
+    # the dense output kept 16 steps at a time, earlier blocks re-taken (DenseBlocks)
+    "InterpolatingBlocks": og.Interpolating(dense_rows=16),
     "Quadrature": og.Quadrature(),
     "Forward": og.Forward(),
     "Auto": og.Auto(),
@@ -376,7 +378,10 @@ def test_user_vjp_matches_default(adjoint_name):
 
 
 @slow
-def test_vmap_of_grad_equals_loop():
+@pytest.mark.parametrize("rows", [None, 8])
+def test_vmap_of_grad_equals_loop(rows):
+    """Members with their own step counts (``rows=8``: several blocks of dense output each, a
+    different number per member; test_batched.py has the default run's case)."""
     pr = get_problem("lotka_volterra")
     f = jax_rhs(pr)
     y0 = jnp.asarray(pr.y0)
@@ -389,7 +394,7 @@ def test_vmap_of_grad_equals_loop():
             p,
             step=og.Adaptive(rtol=1e-8, atol=1e-8),
             saveat=og.SaveAt(ts=jnp.linspace(0.0, 5.0, 6)),
-            adjoint=og.Interpolating(),
+            adjoint=og.Interpolating(dense_rows=rows),
         )
         return jnp.sum(sol.ys**2)
 
@@ -523,6 +528,39 @@ def test_interpolating_checkpoint_memory_x64():
 @slow
 def test_interpolating_checkpoint_memory_x32():
     _check_memory(False)
+
+
+def test_interpolating_dense_blocks_under_vmap():
+    """Under ``jax.vmap`` the default keeps the forward dense output a block of steps at a
+    time, not ``max_steps`` rows per member: its compiled memory is a fraction of those rows
+    (the blocks' gradients against each member's own: test_batched.py)."""
+    pr = get_problem("lotka_volterra")
+    f = jax_rhs(pr)
+    y0s = jnp.asarray(pr.y0) * jnp.linspace(0.8, 1.2, 64)[:, None]
+    ts = jnp.linspace(0.0, 5.0, 6)
+    step = og.Adaptive(rtol=1e-6, atol=1e-6)
+
+    def loss(p):
+        def one(y0):
+            sol = og.solve(f, y0, (0.0, 5.0), p, step=step, saveat=og.SaveAt(ts=ts),
+                           adjoint=og.Interpolating())  # fmt: skip
+            return sol.ys
+
+        return jnp.sum(jax.vmap(one)(y0s) ** 2)
+
+    p = jnp.asarray(pr.params)
+    compiled = jax.jit(jax.grad(loss)).lower(p).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    rows = 4096 * 9 * 2 * 8 * 64  # every step's dense output: Tsit5's 9 vectors of 2, x64
+    print(f"\ntemp {temp / 2**20:.2f} MiB; every step's dense output {rows / 2**20:.1f} MiB")
+    assert temp < 0.3 * rows
+    assert np.all(np.isfinite(np.asarray(compiled(p))))
+    said = []  # the policy's sentence, traced under the same vmap
+    jax.vmap(
+        lambda y0: said.append(og.explain_adjoint(f, y0, (0.0, 5.0), p, saveat=og.SaveAt(ts=ts),
+                               step=step, adjoint=og.Interpolating()))
+    )(y0s)  # fmt: skip
+    assert "steps at a time" in said[0] and "x64 batch members" in said[0], said[0]
 
 
 @pytest.mark.parametrize(

@@ -164,6 +164,11 @@ class StepRecord(Recorder):
     states: bool = False
     solver_states: bool = False
     rows: int | None = None
+    #: states kept at every ``stride``-th accepted step only (row ``k // stride``)
+    stride: int = 1
+    #: the dense output of the last ``dense_rows`` accepted steps, step ``k`` in row
+    #: ``k % dense_rows`` (``"ring"``): a continuous adjoint's block of forward steps
+    dense_rows: int | None = None
     #: also which accepted steps followed a rejection (``retried``, every step): a replay
     #: chaining each step's state into the next applies ``solver.after_rejection`` there, as
     #: the forward loop did, so that it retakes the steps the loop took
@@ -171,7 +176,10 @@ class StepRecord(Recorder):
 
     def init(self, setup):
         rows = setup.max_steps if self.rows is None else min(self.rows, setup.max_steps)
+        rows = -(-rows // self.stride)
         c = {}
+        if self.dense_rows is not None:
+            c["ring"] = tree_fill_rows(jax.eval_shape(setup.first_dense), self.dense_rows, 0.0)
         if self.states:
             c["y"] = tree_fill_rows(setup.y0, rows, 0.0)
         if self.solver_states:
@@ -186,10 +194,17 @@ class StepRecord(Recorder):
 
     def update(self, state, step, setup):
         new = dict(state)
+        row = step.row
+        if self.stride > 1:  # out of range unless a kept step (a rejected one: max_steps)
+            keep = step.accept & (row % self.stride == 0)
+            row = jnp.where(keep, row // self.stride, setup.max_steps)
         if "y" in state:
-            new["y"] = tree_set_row(state["y"], step.row, step.y)
+            new["y"] = tree_set_row(state["y"], row, step.y)
         if "st" in state:
-            new["st"] = tree_set_row(state["st"], step.row, setup.solver.compact_state(step.st))
+            new["st"] = tree_set_row(state["st"], row, setup.solver.compact_state(step.st))
+        if "ring" in state:
+            ring_row = jnp.where(step.accept, step.row % self.dense_rows, self.dense_rows)
+            new["ring"] = tree_set_row(state["ring"], ring_row, step.res.dense)
         if "retried" in state:
             new["retried"] = state["retried"].at[step.row].set(state["pending"], mode="drop")
             new["pending"] = ~step.accept
