@@ -10,7 +10,7 @@
 
 A source changes what the forward pass keeps, how ``y(p)`` is read, what the backward ODE state
 carries beside ``a`` and ``g``, and, for the checkpointed one, the order of the whole sweep; the
-backward pass itself (:mod:`~odegrad.adjoint.continuous`) has no branch on which it is.
+backward pass itself (:mod:`~odegrad.adjoint.adjoint_ode`) has no branch on which it is.
 """
 
 from __future__ import annotations

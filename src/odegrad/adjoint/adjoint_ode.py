@@ -1,0 +1,514 @@
+"""The continuous adjoints' shared mechanism: the adjoint ODE integrated backwards.
+
+For ``dy/dt = f(t, y, p)`` and a loss of saved values, the adjoint ``a = dL/dy`` obeys
+``da/dt = -(df/dy)^T a`` between save times and jumps by each saved value's cotangent at its time;
+``dL/dp = int a^T (df/dp) dt`` and ``dL/dy0 = a(t0)`` (Pontryagin; Chen et al., NeurIPS 2018).
+The methods (:mod:`~odegrad.adjoint.continuous`) differ only in where the backward pass gets
+``y(t)`` and how it integrates ``dL/dp``:
+
+* :class:`Interpolating` — from the forward dense output; with ``checkpoints=c`` the forward keeps
+  nothing but step sizes, and the backward pass gets the forward states step by step, last first,
+  from ``c`` checkpoints under the binomial schedule of :mod:`~odegrad.adjoint.checkpointing`,
+  re-taking each step to read its dense output: memory ``c`` states plus one step;
+* :class:`Quadrature` — like Interpolating, but ``dL/dp`` is a Gauss–Legendre quadrature on each
+  backward step, so the backward ODE carries only ``a`` (the "Gauss adjoint");
+* :class:`Backsolve` — ``y`` re-integrated backwards together with ``a``; O(1) memory but unstable
+  on dissipative problems, so the re-integrated state is reset to, and checked against, the stored
+  forward state at every save time.
+
+All times inside are forward time ``p = s t`` (``s = -1`` for backward solves). The backward solve
+stops at every grid point for fixed grids, at events and at checkpoint-segment ends. The adjoint
+jumps at every save time: with an adaptive explicit backward solver the saves inside a backward
+step ride in it (:mod:`~odegrad.adjoint.columns`), through the adjoint's propagator for small
+states (Backsolve included, for an ``f`` with many parameters), as extra columns otherwise
+where ``y`` is readable anywhere (not Backsolve); otherwise the backward solve stops at each.
+Backward error control leaves ``dL/dp`` out of the norm (the seminorm of Kidger, Chen and
+Lyons, "Hey, that's not an ODE", ICML 2021).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .._batching import max_member, member_cond
+from .._loop import LoopOutput, RuntimeGrid, while_loop
+from .._recorders import Accumulate
+from .._saving import SavePlan
+from .._step import AbstractStep, Adaptive
+from .._tree import tree_add, tree_bytes, tree_scale, tree_size, tree_where, tree_zeros_like
+from .._tuning import tuning
+from ..solvers.explicit_rk import ExplicitRK
+from .base import AbstractAdjoint, Problem, call_custom_vjp
+from .columns import ColumnSolver, PropagatorSolver, SaveColumns
+from .sources import Pass, StateSource
+
+
+def gauss_legendre(n: int):
+    """Nodes and weights of ``n``-point Gauss–Legendre quadrature on ``[0, 1]`` (exact to degree
+    ``2n - 1``; numpy's ``leggauss`` mapped from ``[-1, 1]``)."""
+    x, w = np.polynomial.legendre.leggauss(n)
+    # Python floats, which JAX treats as weakly typed: numpy's float64 scalars would promote a
+    # float32 solve to float64 under jax_enable_x64
+    return tuple(float(v) for v in 0.5 * (x + 1)), tuple(float(v) for v in 0.5 * w)
+
+
+@dataclass(frozen=True)
+class _Seminorm:
+    """An :class:`~odegrad.Adaptive` controller whose error norm sees only the adjoint part."""
+
+    base: Adaptive
+    pick: Callable
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def error_ratio(self, err, y0, y1):
+        return self.base.error_ratio(self.pick(err), self.pick(y0), self.pick(y1))
+
+
+@dataclass(frozen=True)
+class _Continuous(AbstractAdjoint):
+    """The shared mechanism of the continuous adjoints; see the module docstring."""
+
+    vjp: Callable | None = None
+    solver: Any = None
+    step: AbstractStep | None = None
+
+    quadrature = False  # dL/dp by quadrature on each backward step instead of as a state
+
+    @property
+    def source(self) -> StateSource:
+        """Where this adjoint's backward pass gets the forward state ``y(t)``."""
+        raise NotImplementedError
+
+    # -- forward ----------------------------------------------------------------------------------
+    def run(self, problem: Problem) -> LoopOutput:
+        if self.vjp is not None and problem.solver.partitioned:
+            raise ValueError(
+                f"{type(self).__name__}(vjp=...) is for a single f(t, y, args); partitioned "
+                "solvers use the default jax.vjp."
+            )
+        plan, src = problem.plan, self.source
+        fwd_problem = replace(problem.without_scan_tap(), plan=src.forward_plan(plan))
+
+        def split(out: LoopOutput):
+            out, keep = src.split(out, plan)
+            keep.update(dense=out.dense, t1=out.t1, y1=out.y1, events=out.events)
+            if not plan.dense:
+                out = out._replace(dense=None)
+            keep.update(out.record)
+            return out._replace(record={}), keep
+
+        def forward(y0, args_diff):
+            record = src.step_record(problem)
+            return fwd_problem.forward(y0, problem.with_args(args_diff), record=(record,))
+
+        @jax.custom_vjp
+        def solve(y0, args_diff):
+            return split(forward(y0, args_diff))[0]
+
+        def solve_fwd(y0, args_diff):
+            out, keep = split(forward(y0, args_diff))
+            return out, (y0, args_diff, keep)
+
+        def solve_bwd(res, ct: LoopOutput):
+            return self._backward(problem, *res, ct)
+
+        solve.defvjp(solve_fwd, solve_bwd)
+        plain = lambda y0, args_diff: split(forward(y0, args_diff))[0]
+        return call_custom_vjp(solve, plain, problem.y0, problem.args_diff)
+
+    # -- the right-hand side's VJP: jax.vjp of f, or the user's ---------------------------------
+    def _rhs_and_vjp(self, problem: Problem):
+        f = problem.f
+        if problem.solver.partitioned:
+            f_u, f_v = f
+            f = lambda t, y, a: (f_u(t, y[1], a), f_v(t, y[0], a))
+        if self.vjp is None:
+
+            def vjp(t, y, args_diff, ct):
+                _, pull = jax.vjp(lambda y_, a_: f(t, y_, problem.with_args(a_)), y, args_diff)
+                return pull(ct)
+
+            def vjp_columns(t, y, args_diff, ct):
+                # one product over the columns: dL/dp summed inside it (for a dense layer a
+                # matrix product), not one parameter-sized cotangent per column
+                each = lambda a_: jax.vmap(lambda t_, y_: f(t_, y_, problem.with_args(a_)))
+                _, pull = jax.vjp(lambda y_, a_: each(a_)(t, y_), y, args_diff)
+                return pull(ct)
+
+            def vjp_state(t, y, args_diff, cts):
+                # columns at one point: f linearised once, its transpose applied per column
+                out, pull = jax.vjp(lambda y_: f(t, y_, problem.with_args(args_diff)), y)
+                return out, jax.vmap(pull)(cts)[0]
+
+            return f, vjp, vjp_columns, vjp_state
+        if any(isinstance(c, jax.core.Tracer) for c in jax.tree.leaves(problem.args[1:])):
+            raise ValueError(
+                f"{type(self).__name__}(vjp=...): f (or SaveAt.fn) closes over arrays; pass them "
+                "through args so that the vjp can return their cotangent."
+            )
+        user_vjp = self.vjp
+
+        def vjp(t, y, args_diff, ct):
+            ct_y, ct_user = user_vjp(t, y, problem.user_args(problem.with_args(args_diff)), ct)
+            # place the cotangent of the user's args on our differentiable leaves
+            _, pull = jax.vjp(lambda a_: problem.with_args(a_)[0], args_diff)
+            (ct_args,) = pull(problem.user_arrays(ct_user))
+            return ct_y, ct_args
+
+        def vjp_columns(t, y, args_diff, ct):
+            cy, ca = jax.vmap(vjp, in_axes=(0, 0, None, 0))(t, y, args_diff, ct)
+            return cy, jax.tree.map(lambda x: jnp.sum(x, 0), ca)
+
+        def vjp_state(t, y, args_diff, cts):
+            out = f(t, y, problem.with_args(args_diff))
+            return out, jax.vmap(vjp, in_axes=(None, None, None, 0))(t, y, args_diff, cts)[0]
+
+        return f, vjp, vjp_columns, vjp_state
+
+    # -- the backward pass ------------------------------------------------------------------------
+    def _backward(self, problem: Problem, y0, args_diff, keep, ct: LoopOutput):
+        plan, s, src = problem.plan, problem.direction, self.source
+        if plan.dense:
+            warnings.warn(
+                f"{type(self).__name__} does not propagate cotangents of the dense output "
+                "(sol.evaluate); use og.Discrete() to differentiate through sol.evaluate.",
+                stacklevel=2,
+            )
+        f, vjp, vjp_columns, vjp_state = self._rhs_and_vjp(problem)
+        solver_b = problem.solver.adjoint_solver() if self.solver is None else self.solver
+        if solver_b.partitioned:  # the backward state is not a (u, v) pair
+            solver_b = _default_explicit()
+        solver_b = solver_b.with_user_args(None)  # user callbacks describe the forward system
+        control = self._backward_control(problem)
+        if isinstance(control, Adaptive | _Seminorm) and hasattr(solver_b, "with_tolerances"):
+            solver_b = solver_b.with_tolerances(control.rtol, control.atol)
+        # the saves ride in the backward steps (columns.py) for explicit adaptive solves: as
+        # columns where y is readable anywhere, or, for small states, in the propagator (which
+        # reads y at its own stages, so Backsolve's re-integrated y serves too)
+        across = (
+            tuning().adjoint_columns > 0
+            and plan.ts is not None
+            and isinstance(control, Adaptive | _Seminorm)
+            and getattr(solver_b, "tableau", None) is not None  # explicit: the columns decouple
+        )
+        propagator = (
+            across
+            and (
+                src.reads_anywhere
+                or (src.reintegrates and tree_size(args_diff) >= tuning().backsolve_across_params)
+            )
+            and 0 < tree_size(ct.y1) <= tuning().propagator_entries
+            and isinstance(solver_b, ExplicitRK)
+            and solver_b.tableau.dense is not None  # its stage weights at the saves
+        )
+        columns = propagator or (across and src.reads_anywhere)
+        points, labels, count = self._breakpoints(problem, keep, with_ts=not columns)
+        tdtype = points.dtype
+        y_at = partial(src.y, problem, keep)
+        saves, g0 = None, tree_zeros_like(args_diff)
+        # columns cost one evaluation of f each per stage: fewer for a large state, and no more
+        # than there are saves
+        n_columns = min(tuning().adjoint_columns, tuning().column_entries // tree_size(ct.y1))
+        n_columns = max(1, min(n_columns, 0 if plan.ts is None else plan.ts.shape[0]))
+        # dL/dp summed from each step's own sum, not a state of the backward ODE: the
+        # quadrature's, and the propagator's (whose sum is the same for both adjoints)
+        g_by_steps = self.quadrature or propagator
+        n_saves = 1 if plan.ts is None else min(tuning().propagator_saves, plan.ts.shape[0])
+        rule = tuning().small_buffer_bytes
+        if propagator and rule and problem.batch == 1:  # the propagator at each save, (M, n, n)
+            n_saves = max(1, min(n_saves, rule // (tree_bytes(ct.y1) * tree_size(ct.y1))))
+        reintegrate = None
+        if propagator and src.reintegrates:
+            ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
+            reintegrate = (ctrl.rtol, ctrl.atol)
+        if columns:
+            ys = src.states_at_saves(problem, keep)
+            saves, g0 = self._save_columns(problem, keep, ys, args_diff, ct, src.reintegrates)
+
+        def rhs_for(c, within):
+            """d(state)/dp for the backward state z = (a, g, src.carries) in forward time p."""
+
+            def rhs(p, z, a_diff):
+                y = y_at({**c, **z}, p, within)  # z's own components are the ones at p
+                cy, ca = vjp(s * p, y, a_diff, z["a"])
+                out = {"a": tree_scale(-s, cy)}
+                if not g_by_steps:
+                    out["g"] = tree_scale(-s, ca)
+                return {**out, **src.rhs(f, problem, p, y, a_diff)}
+
+            return rhs
+
+        def rates(y, p, a, w, a_diff, with_g):
+            """The columns' rates (see :class:`ColumnSolver`) at forward times ``p``."""
+            ct_ = jax.tree.map(lambda x: x * w.reshape((-1,) + (1,) * (x.ndim - 1)), a)
+            cy, ca = vjp_columns(s * p, y, a_diff, ct_)
+            return tree_scale(-s, cy), tree_scale(-s, ca) if with_g else None
+
+        def state_rates(y, p, a, w, a_diff):
+            """``dy/dp`` and the propagator's columns' rates (see :class:`PropagatorSolver`) at
+            time ``p``."""
+            dy, da = vjp_state(s * p, y, a_diff, a)
+            return tree_scale(s, dy), tree_scale(-s * w, da)
+
+        # the propagator's step sums over accepted steps: dL/dp adds up, the drift is the worst
+        # save's (known zeros: the recorder need not trace a step to find their shape)
+        zeros = {"g": tree_zeros_like(args_diff)}
+        zeros.update({"drift": jnp.zeros((), tdtype)} if reintegrate else {})
+
+        def combine(total, new):
+            out = {"g": tree_add(total["g"], new["g"])}
+            return (
+                {**out, "drift": jnp.maximum(total["drift"], new["drift"])} if reintegrate else out
+            )
+
+        summed = Accumulate(lambda t, dt, dense, a: dense, combine, zeros)
+
+        def quadrature_for(c, within):
+            nodes, weights = gauss_legendre(self._nodes(solver_b))
+
+            def accumulate(t, dt, dense, a_diff):
+                total = tree_zeros_like(args_diff)
+                for x, w in zip(nodes, weights, strict=True):
+                    z = solver_b.interpolate(dense, x)
+                    p = t + x * dt  # the backward loop runs in forward time p
+                    _, ca = vjp(s * p, y_at(c, p, within), a_diff, z["a"])
+                    total = tree_add(total, tree_scale(-s * w * dt, ca))
+                return total
+
+            return accumulate
+
+        def jump(i, c, on=True):
+            """At breakpoint i: the source's reset, then the saved value's cotangent."""
+            return jump_at(points[i], jnp.where(on, labels[i], -1), c)
+
+        def event_at(row, c):
+            """The adjoint's jump condition at the event of ``sol.events`` row ``row``: the
+            transpose of :func:`~odegrad._events.jump` (Backsolve resumes from ``y-``)."""
+            log = keep["events"]
+            which, z = log.which[row], jax.tree.map(lambda x: x[row], log.ys)
+            ct_t, ct_y = problem.event_cotangent(row, log.which, ct)
+            _, pull = jax.vjp(
+                lambda z_, a_: problem.events.jump(which, log.ts[row], z_, problem.with_args(a_)),
+                z,
+                args_diff,
+            )
+            cz, ca = pull((ct_t, ct_y, c["a"]))
+            return src.at_event({**c, "a": cz, "g": tree_add(c["g"], ca)}, z)
+
+        def jump_at(p, label, c):
+            if problem.events is not None:  # labels -2 - row mark events
+                c = member_cond(label <= -2, lambda c_: event_at(-2 - label, c_), lambda c_: c_, c)
+            c = src.at_breakpoint(problem, keep, c, label)
+            ts_labels = plan.ts is not None and not columns  # (columns: none are breakpoints)
+            if not ts_labels and not plan.steps:
+                return c
+            rows = ct.ts_ys if ts_labels else ct.steps_ys
+            y = y_at(c, p)
+            row = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], rows)
+            _, pull = jax.vjp(lambda y_, a_: plan.fn(p, y_, problem.with_args(a_)), y, args_diff)
+            cy, ca = pull(row)
+            w = (label >= 0).astype(tdtype)
+            return {
+                **c,
+                "a": tree_add(c["a"], tree_scale(w, cy)),
+                "g": tree_add(c["g"], tree_scale(w, ca)),
+            }
+
+        def integrate(c, hi, lo):
+            z = {"a": c["a"], **{k: c[k] for k in src.carries}}
+            if not g_by_steps:
+                z["g"] = c["g"]
+            # (only events make the sides of a step boundary differ)
+            within = None if problem.events is None else 0.5 * (hi + lo)
+            rhs = rhs_for(c, within)
+            acc = quadrature_for(c, within) if self.quadrature else None
+            solver = solver_b
+            if columns:
+                reader = partial(src.reader, problem, keep, c, within=within)
+                nodes = gauss_legendre(self._nodes(solver_b)) if self.quadrature else None
+                if propagator:
+                    solver = PropagatorSolver(
+                        solver_b, saves, n_saves, reader, rates, state_rates, lo, reintegrate
+                    )
+                else:
+                    solver = ColumnSolver(solver_b, saves, n_columns, reader, rates, lo, nodes)
+                # the column step computes its quadrature: its "dense output" is that sum
+                acc = (lambda t, dt, dense, a: dense) if g_by_steps else None
+            if isinstance(control, Adaptive | _Seminorm):
+                out = while_loop(
+                    solver,
+                    rhs,
+                    args_diff,
+                    z,
+                    tau0=-hi,
+                    tau1=-lo,
+                    control=control,
+                    plan=SavePlan(fn=lambda t, y, a: y),
+                    max_steps=problem.max_steps,
+                    record=() if acc is None else (summed if propagator else Accumulate(acc),),
+                    s=-1.0,
+                )
+                z1, quad = out.y1, out.accumulated
+            else:  # fixed grids: one backward step per forward step
+                res = solver_b.step(
+                    rhs, hi, lo - hi, z, args_diff, solver_b.init(rhs, hi, z, args_diff)
+                )
+                z1 = res.y1
+                quad = None if acc is None else acc(hi, lo - hi, res.dense, args_diff)
+            c = {**c, "a": z1["a"], **{k: z1[k] for k in src.carries}}
+            if propagator:  # its sums: dL/dp, and Backsolve's worst drift
+                if reintegrate:
+                    c["drift"] = jnp.maximum(c["drift"], quad["drift"])
+                quad = quad["g"]
+            c["g"] = tree_add(c["g"], quad) if g_by_steps else z1["g"]
+            return c
+
+        def interval(k, c):
+            i = count - 1 - k
+            if problem.progress is not None:
+                problem.progress.backward.every(k + 1, count - 1, (k + 1) / (count - 1))
+            hi, lo = points[i], points[i - 1]
+            c = absorb(i, jump(i, c))
+            return member_cond(hi > lo, lambda c_: integrate(c_, hi, lo), lambda c_: c_, c)
+
+        def absorb(i, c, on=True):
+            """With columns: the saves at breakpoint ``i``, once per distinct time (the top of a
+            run of equal breakpoints), after its jumps."""
+            if saves is None:
+                return c
+            top = (i == count - 1) | (points[jnp.minimum(i + 1, points.shape[0] - 1)] > points[i])
+            return absorb_at(points[i], c, top & on)
+
+        def absorb_at(p, c, when=True):
+            return {**c, "a": tree_where(when, saves.absorb(c["a"], p), c["a"])}
+
+        def intervals(c):
+            return absorb(0, jump(0, lax.fori_loop(0, count - 1, interval, c)))
+
+        def span(c, lo, hi, first):
+            # the intervals i (from points[i - 1] up to points[i]) that reach into (lo, hi]
+            last = jnp.searchsorted(points, hi, side="right") - 1  # the last point <= hi
+            top = jnp.minimum(last + 1, count - 1)
+            bottom = jnp.where(first, 0, jnp.searchsorted(points, lo, side="right") - 1)
+            if saves is not None:  # saves at hi inside an interval: no breakpoint takes them in
+                inner = (last < 0) | (points[jnp.maximum(last, 0)] < hi)
+                c = absorb_at(hi, c, inner)
+
+            def piece(k, c):
+                i = jnp.maximum(top - k, 1)
+                on = k < top - bottom
+                mine = on & (points[i] <= hi)
+                c = absorb(i, jump(i, c, mine), mine)
+                b_hi = jnp.where(on, jnp.minimum(points[i], hi), lo)
+                b_lo = jnp.maximum(points[i - 1], lo)
+                return member_cond(
+                    b_hi > b_lo, lambda c_: integrate(c_, b_hi, b_lo), lambda c_: c_, c
+                )
+
+            c = lax.fori_loop(0, max_member(top - bottom), piece, c)
+            return member_cond(first, lambda c_: absorb(0, jump(0, c_)), lambda c_: c_, c)
+
+        bwd = Pass(
+            problem,
+            keep,
+            y0,
+            args_diff,
+            jump_at,
+            integrate,
+            intervals,
+            absorb_at if columns else None,
+            span,
+        )
+        carry = src.sweep(bwd, {"a": ct.y1, "g": g0})
+        return carry["a"], carry["g"]
+
+    def _save_columns(self, problem: Problem, keep, ys, args_diff, ct, with_states=False):
+        """The saves' jumps of ``a`` (merged per time) from the states there, and the sum of
+        their ``dL/dp``, in one product over the saves; saves past where the solve stopped
+        take no part."""
+        plan = problem.plan
+        valid = plan.ts <= keep["t1"]
+        rows = jax.tree.map(
+            lambda r: jnp.where(valid.reshape((-1,) + (1,) * (r.ndim - 1)), r, 0), ct.ts_ys
+        )
+
+        def saved(y_, a_):
+            return jax.vmap(lambda p, y: plan.fn(p, y, problem.with_args(a_)))(plan.ts, y_)
+
+        _, pull = jax.vjp(saved, ys, args_diff)
+        cy, ca = pull(rows)
+        return SaveColumns.merge(plan.ts, cy, valid, ys if with_states else None), ca
+
+    @staticmethod
+    def _nodes(solver) -> int:
+        """Gauss–Legendre nodes per backward step: exact to the solver's order."""
+        return max(1, -(-(solver.order + 1) // 2))
+
+    # -- pieces the subclasses change --------------------------------------------------------------
+    def _breakpoints(self, problem: Problem, keep, with_ts: bool = True):
+        """Times where the backward solve stops (ascending forward time), the save index at each
+        (-1: none), and how many there are."""
+        plan = problem.plan
+        if problem.grid is not None:
+            base = problem.grid
+            lab = (jnp.arange(base.shape[0]) - 1) if plan.steps else jnp.full(base.shape, -1)
+        elif plan.steps or not isinstance(problem.control, Adaptive):
+            # every recorded step end (a runtime fixed grid, or saves at every step)
+            base = keep["starts"]
+            lab = jnp.arange(base.shape[0]) - 1 if plan.steps else jnp.full(base.shape, -1)
+        else:
+            base = jnp.stack([problem.tau0, keep["t1"]])
+            lab = jnp.array([-1, -1])
+        pieces = [(base, lab)]
+        if plan.ts is not None and with_ts:
+            pieces.append((plan.ts, jnp.arange(plan.ts.shape[0])))
+        if problem.events is not None:  # last: at an equal time the jump comes first, backwards
+            log = keep["events"]
+            tau = jnp.where(jnp.isfinite(log.ts), problem.direction * log.ts, jnp.inf)
+            pieces.append((tau, -2 - jnp.arange(log.ts.shape[0])))
+        padded = problem.grid is None and (plan.steps or not isinstance(problem.control, Adaptive))
+        padded = padded or problem.events is not None
+        if len(pieces) == 1 and not padded:
+            return base, lab, base.shape[0]
+        if padded:
+            # padded step buffer: push the unused (inf) entries to the end
+            n = keep["n"] + 1
+            base = jnp.where(jnp.arange(base.shape[0]) < n, base, jnp.inf)
+        pts = jnp.concatenate([p for p, _ in pieces])
+        labs = jnp.concatenate([lb for _, lb in pieces])
+        order = jnp.argsort(pts, stable=True)
+        count = pts.shape[0]
+        if padded:
+            count = jnp.sum(jnp.isfinite(pts))
+        # nothing past where the solve stopped (a terminal event, a failure): the adjoint
+        # starts there, and the saves after it (inf rows) take no part
+        pts, labs = pts[order], labs[order]
+        past = pts > keep["t1"]
+        return jnp.where(past, keep["t1"], pts), jnp.where(past, -1, labs), count
+
+    def _backward_control(self, problem: Problem):
+        base = self.step
+        if base is None:
+            base = problem.control if problem.grid is None else "grid"
+        if isinstance(base, RuntimeGrid):  # fixed steps: one backward step per forward step
+            base = "grid"
+        if isinstance(base, Adaptive):
+            return _Seminorm(base, lambda z: {k: v for k, v in z.items() if k != "g"})
+        return base
+
+
+def _default_explicit():
+    from ..solvers.explicit_rk import Tsit5
+
+    return Tsit5()
