@@ -12,7 +12,9 @@ Each size and dtype measures ``og.ROCK2()`` with its defaults (power iteration f
 radius) on fixed steps and on adaptive steps (``rtol = atol = --tol``), ``og.ROCK2`` given the
 spectral radius on the same fixed steps, and the gradient of ``sum(T(t1)^2)`` (default adjoint)
 for both step choices; one fused ROCK stage alone, in place (XLA:CPU's kernel for a stage);
-diffrax (Tsit5, forward) at the smallest size. Also ROCK2 vs Tsit5 right-hand-side evaluations
+the same traffic as the rhs and as a stage without the stencil (the ceilings this machine's
+memory sets for those rows: a kernel that reads two fields and writes a third moves four, the
+written lines being read first); diffrax (Tsit5, forward) at the smallest size. Also ROCK2 vs Tsit5 right-hand-side evaluations
 over a long horizon.
 
     python benchmarks/diffusion3d.py                       # 96, 160, 192; float64 and float32
@@ -69,13 +71,29 @@ def fused_stage(p, pars):
     ``lam`` is a constant of the call: inside a solve XLA hoists ``lam * Ci`` out of the stage
     loop, and a traced ``lam`` multiplied inside the stencil slows XLA:CPU's kernel ~1.5x."""
     lam, ci = pars
-    stage = jax.jit(
-        lambda u1, u, c: 1.3 * u1 - 0.3 * u + 1e-3 * p.rhs(0.0, u1, (lam, c)), donate_argnums=1
-    )
-    state = {"u": stage(p.T0, p.T0 + 0, ci)}
+    return _in_place(lambda u1, u, c: 1.3 * u1 - 0.3 * u + 1e-3 * p.rhs(0.0, u1, (lam, c)), p, ci)
+
+
+def streaming_stage(p, pars):
+    """:func:`fused_stage` without the stencil, ``u <- mu u1 + nu u + k Ci u1``: the same four
+    arrays streamed once, the ceiling of a stage on this machine's memory system."""
+    return _in_place(lambda u1, u, c: 1.3 * u1 - 0.3 * u + 1e-3 * c * u1, p, pars[1])
+
+
+def streaming_rhs(p, pars):
+    """The rhs's traffic without the stencil, ``out <- Ci T`` into a donated buffer: read two
+    fields, write a third (which the CPU reads first: write-allocate), the ceiling of the rhs row
+    (the in-place copy reads and writes the same lines, so it pays no write-allocate)."""
+    return _in_place(lambda T, out, c: c * T, p, pars[1])
+
+
+def _in_place(fn, p, ci):
+    """A call of ``u <- fn(T0, u, Ci)`` with ``u``'s buffer donated."""
+    call = jax.jit(fn, donate_argnums=1)
+    state = {"u": call(p.T0, p.T0 + 0, ci)}
 
     def one():
-        state["u"] = stage(p.T0, state["u"], ci)
+        state["u"] = call(p.T0, state["u"], ci)
         return state["u"]
 
     return one
@@ -96,7 +114,13 @@ def run_size(n, dtype, rounds, args, with_diffrax):
 
     rhs = jax.jit(lambda T, a: p.rhs(0.0, T, a)).lower(p.T0, pars).compile()
     copy, copy_bytes = copy_call(dtype)
-    fns = {"copy": copy, "rhs": lambda: rhs(p.T0, pars), "stage": fused_stage(p, pars)}
+    fns = {
+        "copy": copy,
+        "rhs": lambda: rhs(p.T0, pars),
+        "stage": fused_stage(p, pars),
+        "streaming rhs": streaming_rhs(p, pars),
+        "streaming stage": streaming_stage(p, pars),
+    }
     evals, compile_s = {}, {}
     for name, (solver, step) in variants.items():
 
@@ -148,6 +172,10 @@ def run_size(n, dtype, rounds, args, with_diffrax):
     rows.append(["rhs (3 arrays)", fmt_time(t["rhs"].best), "1", *teff(1, t["rhs"].best)])
     rows.append(["one fused ROCK stage, in place", fmt_time(t["stage"].best), "1",
                  *teff(1, t["stage"].best)])  # fmt: skip
+    # the memory system's ceilings for those two rows: the same traffic without the stencil
+    for name, label in [("streaming rhs", "rhs's traffic, no stencil: Ci T into a buffer"),
+                        ("streaming stage", "stage's traffic, no stencil, in place")]:  # fmt: skip
+        rows.append([f"  ceiling: {label}", fmt_time(t[name].best), "", *teff(1, t[name].best)])
     for name in variants:
         rows.append(
             [name, fmt_time(t[name].best), str(evals[name]), *teff(evals[name], t[name].best)]

@@ -209,12 +209,13 @@ def test_backsolve_drift_check_is_free_and_warns_with_its_gradient(monkeypatch):
     grad = jax.jit(jax.vmap(jax.grad(loss), in_axes=(0,)))
     ps = jnp.stack([P, P * 1.1])
     assert "debug_callback" not in str(jax.make_jaxpr(grad)(ps))
-    g = jax.jit(jax.grad(loss))(ps[1])
-    assert np.all(np.isfinite(np.asarray(grad(ps))))
+    g = np.asarray(grad(ps))
+    assert np.all(np.isfinite(g)) and np.abs(g[1] - g[0]).max() > 1e-3 * np.abs(g).max()
     monkeypatch.setattr(sources, "DRIFT_LIMIT", 0.0)  # every solve "drifts"
     with pytest.warns(RuntimeWarning, match="drifted"):
         g_warned = jax.block_until_ready(jax.jit(jax.grad(lambda p: loss(p, "warn")))(ps[1]))
-    np.testing.assert_array_equal(np.asarray(g_warned), np.asarray(g))
+    # (member 1 of the batch: the same arithmetic, to rounding)
+    np.testing.assert_allclose(np.asarray(g_warned), g[1], rtol=1e-12, atol=1e-14)
     with pytest.raises(Exception, match="Backsolve"):
         jax.block_until_ready(jax.jit(jax.vmap(jax.grad(loss)))(ps))
 

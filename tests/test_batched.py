@@ -58,8 +58,16 @@ def _slow_for(*slow):
 
 
 @pytest.mark.parametrize(
-    "adjoint",  # (Quadrature shares Interpolating's handling of args: slow tier)
-    _slow_for(og.Interpolating(checkpoints=2), og.Quadrature(), og.Discrete(3), og.Backsolve()),
+    "adjoint",  # (Quadrature shares Interpolating's handling of args, Discrete("all")
+    # Discrete's, and Auto runs Interpolating here: slow tier)
+    _slow_for(
+        og.Interpolating(),
+        og.Interpolating(checkpoints=2),
+        og.Quadrature(),
+        og.Discrete("all"),
+        og.Discrete(3),
+        og.Backsolve(),
+    ),
     ids=repr,
 )
 def test_equinox_module_as_args_matches_closure(adjoint):
@@ -91,6 +99,10 @@ def test_equinox_module_as_args_matches_closure(adjoint):
         )
         return jnp.sum(sol.ys**2)
 
+    if isinstance(adjoint, og.Auto):  # (the default run's Interpolating case, see above)
+        said = og.explain_adjoint(lambda t, y, m_: m_(t, y, None), _y0(), (0.0, 2.0), model,
+                                  saveat=og.SaveAt(ts=TS), step=TOL)  # fmt: skip
+        assert said.startswith("Auto chose Interpolating("), said
     g_args = eqx.filter_jit(eqx.filter_grad(loss_args))(model)
     g_closure = eqx.filter_jit(eqx.filter_grad(loss_closure))(model)
     leaves_a = jax.tree.leaves(eqx.filter(g_args, eqx.is_array))
@@ -113,8 +125,13 @@ KS = jnp.array([0.5, 10.0, 3.0])
 @pytest.mark.parametrize(
     "adjoint",
     [
-        *_slow_for(
-            og.Interpolating(checkpoints=2), og.Quadrature(), og.Discrete(3), og.Backsolve()
+        *_slow_for(  # (Auto runs Forward here; Discrete() keeps every step here too)
+            og.Discrete("all"),
+            og.Interpolating(checkpoints=2),
+            og.Quadrature(),
+            og.Discrete(3),
+            og.Backsolve(),
+            og.Forward(),
         ),
         # the dense output 4 steps at a time: each member re-takes its own number of blocks
         og.Interpolating(dense_rows=4),
@@ -137,6 +154,10 @@ def test_vmap_gradient_equals_each_member(adjoint):
         for y, k in zip(Y0S, KS, strict=True)
     ]
     assert max(steps) > 1.5 * min(steps)  # the members really differ
+    if isinstance(adjoint, og.Auto):  # (the default run's Forward case, see above)
+        said = og.explain_adjoint(_decay, Y0S[0], (0.0, 2.0), KS[0], saveat=og.SaveAt(ts=TS),
+                                  step=TOL)  # fmt: skip
+        assert said.startswith("Auto chose Forward("), said
     one_member = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     for i in range(len(KS)):
         one = one_member(Y0S[i], KS[i])
