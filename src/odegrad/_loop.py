@@ -48,6 +48,7 @@ class LoopOutput(NamedTuple):
     record: dict  # what the adjoint asked the loop to keep
     accumulated: Any = None
     events: Any = None  # an EventLog (real time), when the solve has events
+    h: Any = None  # adaptive: the step size the controller would try next (in tau)
 
 
 def scan_loop(solver, f, args, grid, y0, *, plan: SavePlan, s=1.0, progress=None) -> LoopOutput:
@@ -167,18 +168,39 @@ class LoopState(NamedTuple):
     records: tuple = ()  # one carry per recorder
 
 
-def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0):
-    """The first step size to try, rhs evaluations of the start, and the smallest step."""
+def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, h_guess=None):
+    """The first step size to try, rhs evaluations of the start, and the smallest step.
+
+    ``h_guess``: a step size carried over from a solve that ended where this one starts (the
+    continuous adjoints' previous interval); where it is not finite, Hairer & Wanner's choice.
+    """
     span = tau1 - tau0
     if isinstance(control, RuntimeGrid):
         h0, init_evals, floor_ = span / control.n, solver.init_evals, None
     else:
-        f0 = st0 if jax.tree.structure(st0) == jax.tree.structure(y0) else f(s * tau0, y0, args)
-        f0 = jax.tree.map(lambda d: s * d, f0)
-        f_tau = lambda tau, y, a: jax.tree.map(lambda d: s * d, f(s * tau, y, a))
-        order = solver.embedded_order + 1 if solver.embedded_order is not None else solver.order
-        h0 = lax.stop_gradient(control.initial_step(f_tau, tau0, y0, f0, args, order, span))
+
+        def pick():
+            fsal = jax.tree.structure(st0) == jax.tree.structure(y0)
+            f0 = st0 if fsal else f(s * tau0, y0, args)
+            f0 = jax.tree.map(lambda d: s * d, f0)
+            f_tau = lambda tau, y, a: jax.tree.map(lambda d: s * d, f(s * tau, y, a))
+            order = solver.order if solver.embedded_order is None else solver.embedded_order + 1
+            h = control.initial_step(f_tau, tau0, y0, f0, args, order, span)
+            return lax.stop_gradient(jnp.asarray(h, jnp.result_type(span)))
+
         init_evals = solver.init_evals + (0 if control.dt0 is not None else 1)
+        if h_guess is None or control.dt0 is not None:
+            h0 = pick()
+        else:
+            # the pick's evaluation of f only while some member has no guess (an unbatched
+            # conditional: under vmap a batched one would take both branches)
+            guess = lax.stop_gradient(jnp.asarray(h_guess, jnp.result_type(span)))
+            known = jnp.isfinite(guess) & (guess > 0)
+            # (not capped at the span: the loop caps each step at what remains, and keeps a
+            # last step's uncapped size for the next solve)
+            missing = any_member(~known)
+            h0 = lax.cond(missing, lambda: jnp.where(known, guess, pick()), lambda: guess)
+            init_evals = solver.init_evals + missing.astype(jnp.int32)
         floor_ = control.dtmin
     floor = 4 * jnp.finfo(jnp.result_type(tau0)).eps * jnp.maximum(jnp.abs(tau0), jnp.abs(tau1))
     if floor_ is not None:
@@ -201,18 +223,19 @@ def while_loop(
     s=1.0,
     progress=None,
     events: EventSet | None = None,
+    h_guess=None,
 ) -> LoopOutput:
     """Integrate from ``tau0`` to ``tau1 > tau0`` in one ``lax.while_loop``.
 
     ``control`` is an :class:`~odegrad.Adaptive` or a :class:`RuntimeGrid`. ``plan``'s saves
     and ``record`` (what an adjoint asks to keep, e.g. a
     :class:`~odegrad._recorders.StepRecord`) are recorders; ``events``: see
-    :mod:`odegrad._events`.
+    :mod:`odegrad._events`; ``h_guess``: see :func:`_first_step`.
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
     st0 = solver.init(f, s * tau0, y0, args)
-    h0, init_evals, floor = _first_step(solver, control, f, args, s, tau0, tau1, y0, st0)
+    h0, init_evals, floor = _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, h_guess)
     setup = LoopSetup(solver, f, args, s, tau0, y0, st0, max_steps, events)
     recorders = _recorders_for(plan, record, events)
     c = LoopState(
@@ -372,6 +395,7 @@ def while_loop(
         record=kept,
         accumulated=outs.get("accumulated"),
         events=outs.get("events"),
+        h=c.h if adaptive else None,
     )
 
 
