@@ -14,8 +14,8 @@ spectral radius on the same fixed steps, and the gradient of ``sum(T(t1)^2)`` (d
 for both step choices; one fused ROCK stage alone, in place (XLA:CPU's kernel for a stage);
 the same traffic as the rhs and as a stage without the stencil (the ceilings this machine's
 memory sets for those rows: a kernel that reads two fields and writes a third moves four, the
-written lines being read first); diffrax (Tsit5, forward) at the smallest size. Also ROCK2 vs Tsit5 right-hand-side evaluations
-over a long horizon.
+written lines being read first); diffrax (Tsit5, forward) at the smallest size. Also ROCK2 vs
+Tsit5 right-hand-side evaluations over a long horizon.
 
     python benchmarks/diffusion3d.py                       # 96, 160, 192; float64 and float32
     python benchmarks/diffusion3d.py --quick               # 32 and 48, quick
