@@ -376,14 +376,6 @@ class _Continuous(AbstractAdjoint):
             c["g"] = tree_add(c["g"], quad) if g_by_steps else z1["g"]
             return c
 
-        def interval(k, c):
-            i = count - 1 - k
-            if problem.progress is not None:
-                problem.progress.backward.every(k + 1, count - 1, (k + 1) / (count - 1))
-            hi, lo = points[i], points[i - 1]
-            c = absorb(i, jump(i, c))
-            return member_cond(hi > lo, lambda c_: integrate(c_, hi, lo), lambda c_: c_, c)
-
         def absorb(i, c, on=True):
             """With columns: the saves at breakpoint ``i``, once per distinct time (the top of a
             run of equal breakpoints), after its jumps."""
@@ -396,9 +388,10 @@ class _Continuous(AbstractAdjoint):
             return {**c, "a": tree_where(when, saves.absorb(c["a"], p), c["a"])}
 
         def intervals(c):
-            return absorb(0, jump(0, lax.fori_loop(0, count - 1, interval, c)))
+            """The whole backward pass: every interval, top down, and the jumps at t0."""
+            return span(c, points[0], points[count - 1], True, report=True)
 
-        def span(c, lo, hi, first):
+        def span(c, lo, hi, first, report=False):
             # the intervals i (from points[i - 1] up to points[i]) that reach into (lo, hi]
             last = jnp.searchsorted(points, hi, side="right") - 1  # the last point <= hi
             top = jnp.minimum(last + 1, count - 1)
@@ -408,6 +401,8 @@ class _Continuous(AbstractAdjoint):
                 c = absorb_at(hi, c, inner)
 
             def piece(k, c):
+                if report and problem.progress is not None:
+                    problem.progress.backward.every(k + 1, count - 1, (k + 1) / (count - 1))
                 i = jnp.maximum(top - k, 1)
                 on = k < top - bottom
                 mine = on & (points[i] <= hi)
@@ -419,6 +414,8 @@ class _Continuous(AbstractAdjoint):
                 )
 
             c = lax.fori_loop(0, max_member(top - bottom), piece, c)
+            if first is True:  # the whole pass
+                return absorb(0, jump(0, c))
             return member_cond(first, lambda c_: absorb(0, jump(0, c_)), lambda c_: c_, c)
 
         bwd = Pass(
