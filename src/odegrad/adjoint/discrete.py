@@ -83,8 +83,8 @@ class Discrete(AbstractAdjoint):
         if self.checkpoints is not None:
             return CheckpointPolicy(self.checkpoints, f"checkpoints={self.checkpoints!r} as given")
         per_step = problem.state_bytes()
-        if problem.static_steps is not None:  # JAX's scan keeps every stage of every step
-            per_step *= getattr(problem.solver, "step_evals", 1) + 2
+        if problem.static_steps is not None:  # what JAX's scan keeps of every step
+            per_step *= problem.solver.step_residuals
         return checkpoint_policy(problem, per_step, self.memory_budget)
 
     def describe(self, problem: Problem) -> str:

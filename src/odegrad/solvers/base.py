@@ -54,6 +54,13 @@ class AbstractSolver(abc.ABC):
     #: FSAL stage ``f(t, y)``), so checkpoints may keep ``y`` alone and recompute the state.
     state_from_y: bool = True
 
+    @property
+    def step_residuals(self) -> int:
+        """States (each ``y`` with the carried solver state) that JAX's reverse mode keeps for
+        one step of a grid known at trace time, what ``Discrete`` prices when it considers
+        keeping every step: by default one per stage and two more."""
+        return self.step_evals + 2
+
     @abc.abstractmethod
     def init(self, f, t0, y0, args) -> PyTree:
         """The carried state before the first step."""
