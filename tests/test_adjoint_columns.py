@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import odegrad as og  # noqa: E402
+from odegrad._tuning import tuned  # noqa: E402
 
 TOL = 1e-9  # the continuous adjoints' solves
 
@@ -72,24 +73,28 @@ def make_loss(f, adjoint, tol, *, ts=TS, fn=None, event=None):
     return loss
 
 
-def gradients(retune, f, adjoint, columns=(16, 2), tuning=None, **kw):
+def gradients(f, adjoint, columns=(16, 2), tuning=None, **kw):
     """The gradients w.r.t. (p, y0) with each column count (0: saves as breakpoints; a dict:
-    tuning fields), and the exact one, last; ``tuning``: more fields to change."""
-    out = []
-    for n in columns:
-        retune(**(n if isinstance(n, dict) else {"adjoint_columns": n}), **(tuning or {}))
-        out.append(jax.jit(jax.grad(make_loss(f, adjoint, TOL, **kw), (0, 1)))(P, Y0))
-    exact = _exact(f) if not kw else exact_gradient(f, **kw)
-    return [*out, exact]
+    tuning fields), and the exact one, last; ``tuning``: more fields to change. One compiled
+    program for them all (several programs compile for longer), each gradient traced under its
+    own tuning; the exact gradient of the plain loss is compiled once per process."""
 
+    def every(p, y0):
+        out = []
+        for n in columns:
+            with tuned(**(n if isinstance(n, dict) else {"adjoint_columns": n}), **(tuning or {})):
+                out.append(jax.grad(make_loss(f, adjoint, TOL, **kw), (0, 1))(p, y0))
+        if kw:
+            out.append(jax.grad(make_loss(f, og.Discrete(), 1e-12, **kw), (0, 1))(p, y0))
+        return out
 
-def exact_gradient(f, **kw):
-    return jax.jit(jax.grad(make_loss(f, og.Discrete(), 1e-12, **kw), (0, 1)))(P, Y0)
+    out = jax.jit(every)(P, Y0)
+    return out if kw else [*out, _exact(f)]
 
 
 @functools.cache
 def _exact(f):
-    return exact_gradient(f)
+    return jax.jit(jax.grad(make_loss(f, og.Discrete(), 1e-12), (0, 1)))(P, Y0)
 
 
 def rel(a, b):
@@ -115,19 +120,19 @@ ADJOINTS = {
     # saves as breakpoints (the path before columns)
     [({}, {"propagator_saves": 2}), pytest.param((0,), marks=pytest.mark.slow)],
 )
-def test_columns_match_breakpoints_and_exact(retune, columns):
+def test_columns_match_breakpoints_and_exact(columns):
     # this 2-entry state takes the propagator; the columns proper are the next test's
-    assert_agree(gradients(retune, lotka_volterra, og.Interpolating(), columns), 1e-6)
+    assert_agree(gradients(lotka_volterra, og.Interpolating(), columns), 1e-6)
 
 
 @pytest.mark.parametrize(
     "name", ["Interpolating", pytest.param("Quadrature", marks=pytest.mark.slow)]
 )
-def test_columns_without_the_propagator_match_exact(retune, name):
+def test_columns_without_the_propagator_match_exact(name):
     # many columns and the step cap (more saves per forward step than columns)
     columns = (16, 2) if name == "Quadrature" else (2,)  # (slow: both; quick: the cap)
     no_propagator = {"propagator_entries": 0}
-    grads = gradients(retune, lotka_volterra, ADJOINTS[name], columns, no_propagator)
+    grads = gradients(lotka_volterra, ADJOINTS[name], columns, no_propagator)
     assert_agree(grads, 1e-6)
 
 
@@ -151,21 +156,21 @@ def propagator_steps(monkeypatch):
 @pytest.mark.parametrize(
     "f", [lotka_volterra, pytest.param(kinked, marks=pytest.mark.slow)], ids=["smooth", "kinked"]
 )
-def test_backsolve_steps_across_saves(retune, propagator_steps, f):
+def test_backsolve_steps_across_saves(propagator_steps, f):
     # the re-integrated y rides in the propagator: no stop at the saves, its drift corrected
     # at each step's end from the last save inside
     across = {"backsolve_across_params": 0}
-    grads = gradients(retune, f, og.Backsolve(), (16,), across)
+    grads = gradients(f, og.Backsolve(), (16,), across)
     assert any(propagator_steps)
     assert_agree(grads, 1e-6 if f is lotka_volterra else 1e-5)
 
 
 @pytest.mark.slow  # the event test above runs the propagator by default
-def test_propagator_with_saves_at_one_time_and_event(retune, propagator_steps):
+def test_propagator_with_saves_at_one_time_and_event(propagator_steps):
     event = og.Event(lambda t, y, args: y[0] - 6.0, terminal=True)
     ts = jnp.concatenate([TS, jnp.full(3, 1.7)])
     ts = jnp.sort(ts)
-    grads = gradients(retune, lotka_volterra, og.Quadrature(), (16,), ts=ts, event=event)
+    grads = gradients(lotka_volterra, og.Quadrature(), (16,), ts=ts, event=event)
     assert propagator_steps
     assert_agree(grads, 1e-5)
 
@@ -225,44 +230,46 @@ def test_backsolve_drift_check_is_free_and_warns_with_its_gradient(monkeypatch):
     "name",  # (the re-taken steps' columns stay in the default run through the SaveAt(fn) test)
     ["Quadrature", "Interpolating(checkpoints=3)"],
 )
-def test_columns_of_the_other_sources_match_exact(retune, name):
-    assert_agree(gradients(retune, lotka_volterra, ADJOINTS[name]), 1e-6)
+def test_columns_of_the_other_sources_match_exact(name):
+    assert_agree(gradients(lotka_volterra, ADJOINTS[name]), 1e-6)
 
 
 @pytest.mark.parametrize(
     "name", [pytest.param("Interpolating", marks=pytest.mark.slow), "Interpolating(checkpoints=3)"]
 )
-def test_columns_with_saved_function_of_args(retune, name):
+def test_columns_with_saved_function_of_args(name):
     # the saved value reads args: each save adds its own dL/dp besides its jump of a (and the
     # re-taken steps keep the state beside each save)
     def fn(t, y, p):
         return jnp.stack([y[0] * p[0], y[1] ** 2 + p[4]])
 
-    assert_agree(gradients(retune, lotka_volterra, ADJOINTS[name], (16,), fn=fn), 1e-6)
+    assert_agree(gradients(lotka_volterra, ADJOINTS[name], (16,), fn=fn), 1e-6)
 
 
-def test_columns_on_a_kinked_field(retune):
-    assert_agree(gradients(retune, kinked, og.Interpolating(), (16,)), 1e-5)
+def test_columns_on_a_kinked_field():
+    assert_agree(gradients(kinked, og.Interpolating(), (16,)), 1e-5)
 
 
-def test_columns_with_terminal_event_and_save_at_its_time(retune):
+def test_columns_with_terminal_event_and_save_at_its_time():
     # y0 rises through 6 at some t* near 2; a save lands exactly on t* (found first, then placed),
     # and the saves after it are inf rows that must take no part
     event = og.Event(lambda t, y, args: y[0] - 6.0, terminal=True)
-    sol = og.solve(
-        lotka_volterra,
-        Y0,
-        (0.0, 4.0),
-        P,
-        saveat=og.SaveAt(t1=True),
-        step=og.Adaptive(rtol=1e-12, atol=1e-12),
-        events=event,
-        throw=False,
-    )
+    sol = jax.jit(  # (compiled: eagerly, the solve runs its loop's surroundings op by op)
+        lambda y0, p: og.solve(
+            lotka_volterra,
+            y0,
+            (0.0, 4.0),
+            p,
+            saveat=og.SaveAt(t1=True),
+            step=og.Adaptive(rtol=1e-12, atol=1e-12),
+            events=event,
+            throw=False,
+        )
+    )(Y0, P)
     t_event = float(sol.ts[-1])
     assert 0.3 < t_event < 3.5
     ts = jnp.sort(jnp.concatenate([TS, jnp.array([t_event])]))
-    grads = gradients(retune, lotka_volterra, og.Interpolating(), (16,), ts=ts, event=event)
+    grads = gradients(lotka_volterra, og.Interpolating(), (16,), ts=ts, event=event)
     # the event time moves with p: the gradient includes its sensitivity, to the tolerance
     assert_agree(grads, 1e-5)
 

@@ -3,6 +3,8 @@ different step counts, ``throw=True`` under vmap, and memory budgets that count 
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -103,8 +105,9 @@ def test_equinox_module_as_args_matches_closure(adjoint):
         said = og.explain_adjoint(lambda t, y, m_: m_(t, y, None), _y0(), (0.0, 2.0), model,
                                   saveat=og.SaveAt(ts=TS), step=TOL)  # fmt: skip
         assert said.startswith("Auto chose Interpolating("), said
-    g_args = eqx.filter_jit(eqx.filter_grad(loss_args))(model)
-    g_closure = eqx.filter_jit(eqx.filter_grad(loss_closure))(model)
+    g_args, g_closure = eqx.filter_jit(  # both from one compiled program
+        lambda m: (eqx.filter_grad(loss_args)(m), eqx.filter_grad(loss_closure)(m))
+    )(model)
     leaves_a = jax.tree.leaves(eqx.filter(g_args, eqx.is_array))
     leaves_c = jax.tree.leaves(eqx.filter(g_closure, eqx.is_array))
     assert len(leaves_a) == len(leaves_c) == 7  # 3 weights, 3 biases, scale
@@ -120,6 +123,13 @@ def _decay(t, y, k):
 # members whose rates differ by 20x take very different step counts
 Y0S = jnp.array([[1.0, 0.5], [0.2, -1.0], [2.0, 1.0]])
 KS = jnp.array([0.5, 10.0, 3.0])
+
+
+@functools.cache
+def _member_steps() -> list[int]:
+    """Each member's step count, solved alone (one compile, shared by the cases below)."""
+    steps = jax.jit(lambda y, k: og.solve(_decay, y, (0.0, 2.0), k, step=TOL).stats["steps"])
+    return [int(steps(y, k)) for y, k in zip(Y0S, KS, strict=True)]
 
 
 @pytest.mark.parametrize(
@@ -149,10 +159,7 @@ def test_vmap_gradient_equals_each_member(adjoint):
         return jnp.sum(sol.ys**2)
 
     batched = jax.jit(jax.vmap(jax.value_and_grad(loss, argnums=(0, 1))))(Y0S, KS)
-    steps = [
-        int(og.solve(_decay, y, (0.0, 2.0), k, step=TOL).stats["steps"])
-        for y, k in zip(Y0S, KS, strict=True)
-    ]
+    steps = _member_steps()
     assert max(steps) > 1.5 * min(steps)  # the members really differ
     if isinstance(adjoint, og.Auto):  # (the default run's Forward case, see above)
         said = og.explain_adjoint(_decay, Y0S[0], (0.0, 2.0), KS[0], saveat=og.SaveAt(ts=TS),

@@ -76,6 +76,10 @@ def test_example_brusselator2d():
     assert "finite differences" in out
 
 
+@pytest.mark.slow  # a long compile; the default run covers its mechanism: an equinox module as
+# args (test_batched.py::test_equinox_module_as_args_matches_closure), vmapped gradients equal
+# to each member's (test_batched.py::test_vmap_gradient_equals_each_member) and an optax fit
+# through og.solve (test_cli.py::test_demo_heat_recovers_ci)
 def test_example_neural_ode():
     """Issue 12: an equinox MLP as args, trained with optax under vmap (about 17 s)."""
     pytest.importorskip("equinox")

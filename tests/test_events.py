@@ -41,8 +41,9 @@ EVERY_ADJOINT = [
 
 
 def compiled(run):
-    """``run`` and its Jacobian (reverse mode, as ``jax.grad`` uses), jitted."""
-    return jax.jit(run), jax.jit(jax.jacrev(run))
+    """``p -> (run(p), its Jacobian)`` (reverse mode, as ``jax.grad`` uses): one compiled
+    program for both."""
+    return jax.jit(lambda p: (run(p), jax.jacrev(run)(p)))
 
 
 def fall(t, y, args):
@@ -83,9 +84,9 @@ P_IMPACT = jnp.array([1.0, 2.0, 9.81])
 
 @pytest.mark.parametrize("name", EVERY_ADJOINT)
 def test_terminal_impact_matches_closed_form(name):
-    run, jac = impact(name)
-    np.testing.assert_allclose(run(P_IMPACT), impact_exact(P_IMPACT), rtol=0, atol=1e-8)
-    np.testing.assert_allclose(jac(P_IMPACT), jax.jacfwd(impact_exact)(P_IMPACT), rtol=0, atol=1e-6)
+    value, jac = impact(name)(P_IMPACT)
+    np.testing.assert_allclose(value, impact_exact(P_IMPACT), rtol=0, atol=1e-8)
+    np.testing.assert_allclose(jac, jax.jacfwd(impact_exact)(P_IMPACT), rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -151,8 +152,10 @@ def test_backward_in_time(name):
 
     g = 9.81
     exact = lambda h: (2.0 - jnp.sqrt(4.0 + 2 * g * h)) / g  # the earlier root of h + 2t - gt^2/2
-    np.testing.assert_allclose(t_star(1.0), exact(1.0), atol=1e-8)
-    np.testing.assert_allclose(jax.grad(t_star)(1.0), jax.grad(exact)(1.0), atol=1e-6)
+    # the solve and its gradient as one compiled program (eagerly, each runs op by op)
+    value, grad = jax.jit(lambda h: (t_star(h), jax.grad(t_star)(h)))(1.0)
+    np.testing.assert_allclose(value, exact(1.0), atol=1e-8)
+    np.testing.assert_allclose(grad, jax.grad(exact)(1.0), atol=1e-6)
 
 
 def test_backsolve_with_saves_past_a_terminal_event():
@@ -172,10 +175,11 @@ def test_backsolve_with_saves_past_a_terminal_event():
         rows = jnp.where(jnp.isfinite(sol.ys[:-1, 0]), sol.ys[:-1, 0], 0.0)
         return jnp.sum(rows**2) + sol.ts[-1]
 
-    grad = jax.jit(jax.grad(loss), static_argnums=1)
-    want = grad(P_IMPACT, og.Discrete())
-    np.testing.assert_allclose(grad(P_IMPACT, og.Backsolve()), want, atol=1e-6)
-    np.testing.assert_allclose(grad(P_IMPACT, og.Interpolating()), want, atol=1e-6)
+    adjoints = (og.Discrete(), og.Backsolve(), og.Interpolating())
+    # the three gradients from one compiled program
+    want, *others = jax.jit(lambda p: [jax.grad(loss)(p, a) for a in adjoints])(P_IMPACT)
+    for got in others:
+        np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 def test_event_on_a_grid_point():
@@ -226,12 +230,10 @@ P_BOUNCE = jnp.array([1.0, 0.8, 9.81])
 
 @pytest.mark.parametrize("name", EVERY_ADJOINT)
 def test_bouncing_ball_matches_closed_form(name):
-    run, jac = bounces(name)
-    times, y_t = run(P_BOUNCE)
+    (times, y_t), (d_times, d_y) = bounces(name)(P_BOUNCE)
     exact_times, exact_y = bounces_exact(P_BOUNCE)
     np.testing.assert_allclose(times, exact_times, atol=1e-8)
     np.testing.assert_allclose(y_t, exact_y, atol=1e-8)
-    d_times, d_y = jac(P_BOUNCE)
     e_times, e_y = jax.jacfwd(bounces_exact)(P_BOUNCE)
     np.testing.assert_allclose(d_times, e_times, atol=1e-6)
     np.testing.assert_allclose(d_y, e_y, atol=1e-6)
@@ -252,10 +254,11 @@ def test_fixed_steps_continuous_adjoint_across_a_jump():
         )
         return sol.ys[-1, 1]
 
-    grad = jax.jit(jax.grad(loss), static_argnums=1)
-    want = grad(0.5, og.Discrete())
+    want, got = jax.jit(  # both gradients from one compiled program
+        lambda c: (jax.grad(loss)(c, og.Discrete()), jax.grad(loss)(c, og.Interpolating()))
+    )(0.5)
     # the continuous adjoint of the same steps differs from the discrete one by O(dt)
-    np.testing.assert_allclose(grad(0.5, og.Interpolating()), want, rtol=1e-3)
+    np.testing.assert_allclose(got, want, rtol=1e-3)
 
 
 def test_bouncing_ball_fixed_steps():
@@ -272,11 +275,11 @@ def test_bouncing_ball_fixed_steps():
         )
         return sol.ys[-1, 0], sol.stats["accepted"]
 
-    h_t, accepted = run(P_BOUNCE)
+    # the solve and its gradient as one compiled program (eagerly, the solve runs op by op)
+    (h_t, accepted), grad = jax.jit(lambda p: (run(p), jax.grad(lambda p: run(p)[0])(p)))(P_BOUNCE)
     # a quadratic is integrated exactly by Tsit5, so only the event location limits this
     np.testing.assert_allclose(h_t, bounces_exact(P_BOUNCE)[1][0], atol=1e-8)
     assert int(accepted) == 300 + N_BOUNCES
-    grad = jax.jit(jax.grad(lambda p: run(p)[0]))(P_BOUNCE)
     exact = jax.grad(lambda p: bounces_exact(p)[1][0])(P_BOUNCE)
     np.testing.assert_allclose(grad, exact, atol=1e-6)
 
@@ -423,8 +426,9 @@ def test_vmap_members_with_different_event_counts():
         return sol.events.count, sol.ys[-1, 0]
 
     counts, heights = jax.jit(jax.vmap(run))(e)
+    one = jax.jit(run)  # (one compile for the three members)
     for k in range(3):
-        c, h = run(e[k])
+        c, h = one(e[k])
         assert int(counts[k]) == int(c)
         np.testing.assert_allclose(heights[k], h, atol=1e-10)
     assert len(set(np.asarray(counts).tolist())) == 3
@@ -454,12 +458,10 @@ def test_partitioned_solver_with_events():
         )
         return sol.events.ts[:N_BOUNCES]
 
-    np.testing.assert_allclose(run(P_BOUNCE), bounces_exact(P_BOUNCE)[0], atol=1e-3)
-    np.testing.assert_allclose(
-        jax.jit(jax.jacrev(run))(P_BOUNCE),
-        jax.jacfwd(lambda p: bounces_exact(p)[0])(P_BOUNCE),
-        atol=1e-2,
-    )
+    # the solve and its Jacobian as one compiled program (eagerly, the solve runs op by op)
+    times, jac = jax.jit(lambda p: (run(p), jax.jacrev(run)(p)))(P_BOUNCE)
+    np.testing.assert_allclose(times, bounces_exact(P_BOUNCE)[0], atol=1e-3)
+    np.testing.assert_allclose(jac, jax.jacfwd(lambda p: bounces_exact(p)[0])(P_BOUNCE), atol=1e-2)
 
 
 @pytest.mark.slow
@@ -470,16 +472,16 @@ def test_progress_bar_with_events():
 
 def test_float32():
     y0 = jnp.array([1.0, 2.0], jnp.float32)
-    sol = og.solve(fall, y0, (0.0, 5.0), {"g": jnp.float32(9.81)}, events=HIT)
+    t_star = lambda h: og.solve(fall, jnp.stack([h, 2.0]), (0.0, 5.0), {"g": 9.81}, events=HIT)
+    # the solve of y0 and the gradient as one compiled program (eagerly, the solve runs op by op)
+    sol, grad = jax.jit(
+        lambda y0, h: (
+            og.solve(fall, y0, (0.0, 5.0), {"g": jnp.float32(9.81)}, events=HIT),
+            jax.grad(lambda h: t_star(h).ts[-1])(h),
+        )
+    )(y0, jnp.float32(1.0))
     assert sol.ts.dtype == jnp.float32
     np.testing.assert_allclose(sol.ts[-1], impact_exact(P_IMPACT)[0], rtol=1e-5)
-    grad = jax.jit(
-        jax.grad(
-            lambda h: og.solve(fall, jnp.stack([h, 2.0]), (0.0, 5.0), {"g": 9.81}, events=HIT).ts[
-                -1
-            ]
-        )
-    )(jnp.float32(1.0))
     exact = jax.grad(lambda h: impact_exact(jnp.stack([h, 2.0, 9.81]))[0])(1.0)
     np.testing.assert_allclose(grad, exact, rtol=1e-4)
 

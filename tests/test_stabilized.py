@@ -12,6 +12,7 @@ from numpy.polynomial import polynomial as P
 from scipy.linalg import expm
 
 import odegrad as og
+from odegrad._tuning import tuned
 from odegrad.solvers import _rock_coefficients as rc
 
 
@@ -164,9 +165,9 @@ def test_fixed_step_beyond_stability_limit_fails(step):
 def test_self_convergence_order(solver, ns):
     f, _, x = heat(64)  # rho ~ 1.7e4: 4..28 stages over these steps
     y0, t1 = smooth_y0(x), 0.05
-    ys = [
-        og.solve(f, y0, (0.0, t1), 1.0, solver=solver(), step=og.Fixed(t1 / n)).ys[-1] for n in ns
-    ]
+    # one compile for every step size (a traced dt: the step count is counted at run time)
+    run = jax.jit(lambda dt: og.solve(f, y0, (0.0, t1), 1.0, solver=solver(), step=og.Fixed(dt)))
+    ys = [run(t1 / n).ys[-1] for n in ns]
     d = [float(jnp.max(jnp.abs(ys[i] - ys[i + 1]))) for i in range(len(ys) - 1)]
     observed = math.log2(d[-2] / d[-1])
     assert abs(observed - solver.order) < 0.35, (d, observed)
@@ -200,8 +201,9 @@ def test_stage_count_grows_like_sqrt(solver):
     f, _, x = heat(32)
     y0 = smooth_y0(x)
     evals = []
+    run = jax.jit(lambda dt: og.solve(f, y0, (0.0, 0.05), 1.0, solver=s, step=og.Fixed(dt)))
     for n in (64, 4):
-        sol = og.solve(f, y0, (0.0, 0.05), 1.0, solver=s, step=og.Fixed(0.05 / n))
+        sol = run(0.05 / n)  # (one compile for both: a traced dt, counted at run time)
         refreshes = n // s.rho_every  # power-iteration refreshes of the spectral radius
         evals.append((int(sol.stats["rhs_evals"]) - s.init_evals - refreshes * s.power_iters) / n)
     assert 2.5 < evals[1] / evals[0] < 5.5, evals
@@ -262,10 +264,13 @@ def test_rock2_interpolating_gradient_close_to_discrete():
     f, _, x = heat(32)
     y0 = smooth_y0(x)
     step = og.Adaptive(rtol=1e-8, atol=1e-8)
-    g = {}
-    for adjoint in (og.Discrete(), og.Interpolating()):
-        loss = _loss(og.ROCK2(), step, adjoint, f, 0.01)
-        g[type(adjoint).__name__] = jax.jit(jax.grad(loss, argnums=(0, 1)))(1.0, y0)
+    adjoints = {"Discrete": og.Discrete(), "Interpolating": og.Interpolating()}
+    g = jax.jit(  # both gradients from one compiled program
+        lambda a, y: {
+            name: jax.grad(_loss(og.ROCK2(), step, adjoint, f, 0.01), argnums=(0, 1))(a, y)
+            for name, adjoint in adjoints.items()
+        }
+    )(1.0, y0)
     np.testing.assert_allclose(g["Interpolating"][0], g["Discrete"][0], rtol=1e-4)
     np.testing.assert_allclose(g["Interpolating"][1], g["Discrete"][1], rtol=1e-4, atol=1e-6)
 
@@ -274,8 +279,8 @@ def test_rock2_interpolating_gradient_close_to_discrete():
 
 
 def _fd4(fn, x, v, eps=1e-4):
-    """Fourth-order central difference of ``fn`` at ``x`` in direction ``v``."""
-    fn = jax.jit(fn)  # compiled once for the four evaluations (eager solves retrace each call)
+    """Fourth-order central difference of ``fn`` at ``x`` in direction ``v`` (``fn`` calls a
+    compiled function: eager solves retrace each call)."""
     return (
         -fn(x + 2 * eps * v) + 8 * fn(x + eps * v) - 8 * fn(x - eps * v) + fn(x - 2 * eps * v)
     ) / (12 * eps)
@@ -316,21 +321,24 @@ def test_recurrence_gradient_matches_finite_differences(solver, dt, rtol, memory
         return jnp.sum(sol.ys[-1] ** 2)
 
     stages = int(solver().stage_count(1.2 * 4.0 / (1.0 / 33) ** 2 * dt))
-    g_a, g_y = jax.jit(jax.grad(loss, argnums=(0, 1)))(a0, y0)
+    # reverse and forward mode (the tangent recurrence) from one compiled program
+    (g_a, g_y), jf = jax.jit(
+        lambda a, y: (jax.grad(loss, argnums=(0, 1))(a, y), jax.jacfwd(loss)(a, y))
+    )(a0, y0)
     v = jnp.asarray(np.random.default_rng(1).standard_normal(y0.shape))
-    fd_y = _fd4(lambda y: loss(a0, y), y0, v)
-    fd_a = _fd4(lambda a: loss(a, y0), a0, jnp.asarray([1.0, 0.0]))
+    loss_c = jax.jit(loss)  # one compile for the eight evaluations of both quotients
+    fd_y = _fd4(lambda y: loss_c(a0, y), y0, v)
+    fd_a = _fd4(lambda a: loss_c(a, y0), a0, jnp.asarray([1.0, 0.0]))
     np.testing.assert_allclose(jnp.vdot(g_y, v), fd_y, rtol=rtol, err_msg=f"{stages} stages")
     np.testing.assert_allclose(g_a[0], fd_a, rtol=rtol, err_msg=f"{stages} stages")
-    # forward mode (the tangent recurrence) gives the same numbers
-    jf = jax.jit(jax.jacfwd(loss))(a0, y0)
+    # forward mode gives the same numbers
     np.testing.assert_allclose(jf, g_a, rtol=1e-11)
 
 
 @pytest.mark.parametrize(
     "solver", [og.ROCK2, pytest.param(og.ROCK4, marks=_slow), pytest.param(og.RKC, marks=_slow)]
 )
-def test_straight_line_reverse_matches_recomputing_reverse(solver, retune):
+def test_straight_line_reverse_matches_recomputing_reverse(solver):
     """Steps of 1 .. KEPT_STAGES recurrence stages are reversed by straight-line code that
     recomputes the inner stages; it must give the numbers of the recomputing loop (forced by
     ``KEPT_STAGES = 1``), for every stage count it handles and the ones beyond."""
@@ -346,15 +354,18 @@ def test_straight_line_reverse_matches_recomputing_reverse(solver, retune):
     # one solve whose steps take every dt twice, so one compiled gradient (per KEPT_STAGES)
     # reverses every stage count
     ts = jnp.concatenate([jnp.zeros(1), jnp.cumsum(jnp.repeat(jnp.asarray(dts), 2))])
+    t1 = float(ts[-1])
 
     def loss(a, y):
-        sol = og.solve(g, y, (0.0, float(ts[-1])), (a[0], a[1]), solver=solver(),
-                       step=og.StepTo(ts))  # fmt: skip
+        sol = og.solve(g, y, (0.0, t1), (a[0], a[1]), solver=solver(), step=og.StepTo(ts))
         return jnp.sum(sol.ys[-1] ** 2)
 
-    straight = jax.grad(loss, argnums=(0, 1))(a0, y0)
-    retune(kept_stages=1)
-    looped = jax.grad(loss, argnums=(0, 1))(a0, y0)
+    def both(a, y):  # one compiled program, the second gradient traced with KEPT_STAGES = 1
+        straight = jax.grad(loss, argnums=(0, 1))(a, y)
+        with tuned(kept_stages=1):
+            return straight, jax.grad(loss, argnums=(0, 1))(a, y)
+
+    straight, looped = jax.jit(both)(a0, y0)
     for s_, l_ in zip(straight, looped, strict=True):
         np.testing.assert_allclose(s_, l_, rtol=1e-12, atol=1e-14)
 
@@ -416,8 +427,9 @@ def test_spectral_radius_refresh_under_vmap_equals_each_member():
     states = (f0, 0.5 * rho, v, jnp.asarray([0.0, 2.0], age.dtype))
     step = lambda y, a_, st: solver.step(f, 0.0, 1e-4, y, a_, st)
     batched = jax.jit(jax.vmap(step))(y0s, a, states)
+    one = jax.jit(step)  # (one compile for both members)
     for i in range(2):
-        alone = step(y0s[i], a[i], jax.tree.map(lambda s_: s_[i], states))
+        alone = one(y0s[i], a[i], jax.tree.map(lambda s_: s_[i], states))
         for got, want in zip(jax.tree.leaves(batched), jax.tree.leaves(alone), strict=True):
             np.testing.assert_allclose(got[i], want, rtol=1e-13, atol=1e-13)
     new_rho, new_age = batched.state[1], batched.state[3]
@@ -547,20 +559,21 @@ def test_replays_refresh_after_the_rejections_the_forward_loop_refreshed_after(r
     g = lambda t, y, p: (1 + p[0] * t**2) * (f(t, y, 1.0) + p[1] * b)
     p = (jnp.asarray(1e8), jnp.asarray(2.0))
     step = og.Adaptive(1e-3, 1e-5)
-    sol = og.solve(g, y0, (0.0, 0.01), p, solver=og.RKC(), step=step)
-    assert int(sol.stats["rejected"]) >= 5
 
-    def grad(adjoint):
+    def grad(adjoint, c, y0):
         def loss(c, y0):
-            ys = og.solve(g, y0, (0.0, 0.01), (p[0], c), solver=og.RKC(), step=step,
-                          adjoint=adjoint).ys  # fmt: skip
-            return jnp.sum(ys[-1] ** 2)
+            sol = og.solve(g, y0, (0.0, 0.01), (p[0], c), solver=og.RKC(), step=step,
+                           adjoint=adjoint)  # fmt: skip
+            return jnp.sum(sol.ys[-1] ** 2), sol.stats["rejected"]
 
-        return jax.jit(jax.grad(loss, argnums=(0, 1)))(p[1], y0)
+        return jax.grad(loss, argnums=(0, 1), has_aux=True)(c, y0)
 
-    exact = grad(og.Discrete("all"))  # replays nothing: every step's state is stored
+    # Discrete("all") replays nothing: every step's state is stored; the three gradients from
+    # one compiled program
+    adjoints = (og.Discrete("all"), og.Discrete(3), og.Interpolating(checkpoints=3))
+    (exact, rejected), *others = jax.jit(lambda c, y0: [grad(a, c, y0) for a in adjoints])(p[1], y0)
+    assert int(rejected) >= 5  # (the forward loop's own count)
     assert abs(float(exact[0])) > 1e-3
-    for adjoint in (og.Discrete(3), og.Interpolating(checkpoints=3)):
-        got = grad(adjoint)
+    for got, _ in others:
         np.testing.assert_allclose(got[0], exact[0], rtol=1e-9)
         np.testing.assert_allclose(got[1], exact[1], rtol=1e-9, atol=1e-12)
