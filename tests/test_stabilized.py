@@ -13,6 +13,7 @@ from scipy.linalg import expm
 
 import odegrad as og
 from odegrad._tuning import tuned
+from odegrad.problems import diffusion3d
 from odegrad.solvers import _rock_coefficients as rc
 
 
@@ -577,3 +578,39 @@ def test_replays_refresh_after_the_rejections_the_forward_loop_refreshed_after(r
     for got, _ in others:
         np.testing.assert_allclose(got[0], exact[0], rtol=1e-9)
         np.testing.assert_allclose(got[1], exact[1], rtol=1e-9, atol=1e-12)
+
+
+# ------------------------------------------------- what Discrete's policy prices per step
+
+
+def _rock2_grid(n_steps, n=24):
+    p = diffusion3d(n, dtype=jnp.float32)
+    return p, dict(solver=og.ROCK2(), step=og.Fixed(p.t1 / n_steps))
+
+
+def test_discrete_prices_a_stabilised_step_by_what_it_keeps():
+    """A fixed-grid ROCK2 step keeps a few fields for the reverse pass (its stage recurrence
+    recomputes the stages), not one per stage it could take (up to 202): keeping every step is
+    what the policy says when that fits, and it says nothing of a revolve schedule."""
+    p, kw = _rock2_grid(50)
+    text = og.explain_adjoint(p.rhs, p.T0, (0.0, p.t1), (p.lam, p.Ci), **kw)
+    assert "Discrete(checkpoints='all')" in text and "nothing is recomputed" in text, text
+
+
+@pytest.mark.slow
+def test_a_stabilised_step_keeps_at_most_what_the_policy_prices():
+    """The compiled memory per fixed ROCK2 step is within ``solver.step_residuals`` states."""
+    temps = {}
+    for n_steps in (4, 8):
+        p, kw = _rock2_grid(n_steps)
+
+        def loss(T0, a, kw=kw, p=p):
+            return jnp.sum(og.solve(p.rhs, T0, (0.0, p.t1), a, **kw).ys[-1] ** 2)
+
+        pars = (p.lam, p.Ci)
+        g = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p.T0, pars).compile()
+        temps[n_steps] = g.memory_analysis().temp_size_in_bytes
+    field = p.T0.size * p.T0.dtype.itemsize
+    per_step = (temps[8] - temps[4]) / 4
+    # y, the carried f and the power-iteration vector: three fields a state
+    assert 2 * field <= per_step <= og.ROCK2().step_residuals * 3 * field, per_step / field
