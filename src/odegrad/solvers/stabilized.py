@@ -159,6 +159,10 @@ def _restart(v, nv, ok):
 class _Stabilized(AbstractSolver):
     """Shared machinery: spectral radius, stage choice, state, dense output, eval count."""
 
+    #: reverse mode keeps a step's recurrence inputs and outputs, not its stages: ~5 fields a
+    #: step (ROCK2, 40^3, 8 fixed steps against 4: 19.5 more fields of temporary memory)
+    step_residuals = 3
+
     @property
     def state_from_y(self) -> bool:
         """With a ``spectral_radius`` the carried state ``(f(t, y), rho(t, y, args), None)`` is
@@ -201,13 +205,6 @@ class _Stabilized(AbstractSolver):
         self.init_evals = 1 + (0 if spectral_radius is not None else self.init_power_iters)
         # static upper bound (the loops use the per-step ``StepResult.evals`` instead)
         self.step_evals = self.max_stages + (0 if spectral_radius is not None else power_iters)
-
-    #: the stage recurrence differentiates as one primitive that keeps its inputs and outputs
-    #: (the reverse pass recomputes the stages), so a step keeps a few fields, not one per
-    #: stage: ROCK2 on a 40^3 grid, 8 fixed steps against 4, 19.5 more fields of temporary
-    #: memory (~5 per step) with and without a given spectral radius; 3 states of ``y`` and
-    #: the carried ``f`` (and power-iteration vector) cover that.
-    step_residuals = 3
 
     def with_user_args(self, user_args):
         if self.spectral_radius is None:
