@@ -828,6 +828,28 @@ def test_memory_checkpoints_10_adaptive():
     assert states <= 40, f"checkpoints=10 (adaptive, max_steps=2048) needs {states:.1f} states"
 
 
+def test_default_budget_keeps_at_least_min_checkpoints():
+    """The default budget never leaves fewer than ``Tuning.min_checkpoints`` states (2 slots
+    re-take 100 steps ~13 times); a budget passed to the adjoint is held to."""
+    from odegrad._tuning import tuned, tuning
+
+    budget = int(2.5 * MEM_Y0.nbytes)  # holds 2 states
+    args = (mem_rhs, MEM_Y0, (0.0, 1.0), MEM_P)
+    kw = dict(solver=og.RK4(), step=og.Fixed(1e-2))
+    floor = tuning().min_checkpoints
+    with tuned(memory_budget=budget):
+        text = og.explain_adjoint(*args, **kw, adjoint=og.Auto(forward_max_inputs=0))
+        held = og.explain_adjoint(*args, **kw, adjoint=og.Discrete(memory_budget=budget))
+        states = temp_states(mem_loss(og.Fixed(1e-2), None, 100), "default budget of 2 states")
+    two = temp_states(mem_loss(og.Fixed(1e-2), 2, 100), "2 checkpoints, 100 RK4 steps")
+    assert f"Discrete(checkpoints={floor})" in text and "min_checkpoints" in text, text
+    assert "Discrete(checkpoints=2)" in held, held
+    # each slot of the revolve buffer costs up to 3 states of compiled memory (measured: 18
+    # states for 6 more slots; the loop carries the buffer)
+    extra = states - two
+    assert floor - 2 <= extra <= 3 * (floor - 2) + 2, f"{floor} checkpoints: {extra:.1f} more"
+
+
 @slow
 def test_memory_adaptive_problem_takes_about_1000_steps():
     """The adaptive memory problem really takes ~1000 steps, and its gradient is right."""

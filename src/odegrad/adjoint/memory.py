@@ -33,14 +33,17 @@ def checkpoint_policy(
     checkpoints.
 
     * A grid known at trace time keeps all ``n`` records while ``n * record * batch <= budget``;
-      otherwise ``budget // (state * batch)`` checkpoints (at least 2, at most ``n``).
+      otherwise ``budget // (state * batch)`` checkpoints, at most ``n`` and at least
+      ``Tuning.min_checkpoints`` unless a budget was given (then at least 2).
     * An adaptive solve allocates ``max_steps`` rows whatever it takes, and fresh memory costs
       (page faults on CPU), so it keeps all only while that buffer is at most ``adaptive_all``
       (default ``tuning().adaptive_all_bytes``) and the budget. Otherwise its forward pass keeps its
       first ``c`` states: ``c`` at most ``adaptive_slots``, within ``adaptive_prefix_bytes``
-      unless that leaves fewer than ``adaptive_min_slots``, and within the budget.
+      unless that leaves fewer than ``adaptive_min_slots``, and within the budget (the same
+      floor as above).
     """
     t = tuning()
+    floor = 2 if budget is not None else max(2, t.min_checkpoints)
     budget = t.memory_budget if budget is None else budget
     batch = max(problem.batch, 1)
     per_member = "" if batch == 1 else f" per member, x{batch} batch members"
@@ -54,7 +57,15 @@ def checkpoint_policy(
                 f"{_mib(budget)} budget, so nothing is recomputed",
             )
         state = max(problem.state_bytes(), 1) * batch
-        c = int(max(2, min(n, budget // state)))
+        fit = budget // state
+        c = int(min(n, max(floor, fit)))
+        if c > fit:
+            return CheckpointPolicy(
+                "all" if c == n else c,
+                f"keeping every step ({_mib(need)}) would exceed the {_mib(budget)} budget, "
+                f"which holds {fit} checkpoints of {_mib(problem.state_bytes())}{per_member}; "
+                + _below_floor(c, n, floor),
+            )
         return CheckpointPolicy(
             c,
             f"keeping every step ({_mib(need)}) would exceed the {_mib(budget)} budget, so {c} "
@@ -71,13 +82,27 @@ def checkpoint_policy(
         )
     row = max(problem.checkpoint_bytes(), 1) * batch
     slots = max(t.adaptive_prefix_bytes // row, t.adaptive_min_slots)
-    c = int(max(2, min(t.adaptive_slots, problem.max_steps, slots, budget // row)))
+    fit = budget // row
+    c = int(max(2, min(t.adaptive_slots, problem.max_steps, slots, max(floor, fit))))
+    over = (
+        "" if c <= fit else f" (the {_mib(budget)} budget holds {fit}; {_below_floor(c, 0, floor)})"
+    )
     return CheckpointPolicy(
         c,
         f"a buffer for all max_steps={problem.max_steps} steps would take {_mib(rows)} (more "
         f"than {_mib(keep_all)}), so the forward pass keeps its first {c} states of "
-        f"{_mib(problem.checkpoint_bytes())}{per_member}: a solve of at most {c} steps "
+        f"{_mib(problem.checkpoint_bytes())}{per_member}{over}: a solve of at most {c} steps "
         "recomputes nothing, a longer one recomputes on a binomial (revolve) schedule",
+    )
+
+
+def _below_floor(c: int, n: int, floor: int) -> str:
+    """Why the default budget was exceeded: revolve with ``s`` checkpoints re-takes each step
+    about ``r`` times where ``binomial(s + r, s) >= n`` (2 checkpoints, 25 steps: 6 times)."""
+    kept = "every step is kept" if c == n else f"{c} are kept"
+    return (
+        f"fewer than Tuning.min_checkpoints = {floor} would re-take steps many times over, so "
+        f"{kept} (pass memory_budget= to hold to a budget)"
     )
 
 
