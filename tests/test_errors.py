@@ -95,6 +95,48 @@ def test_t_span_not_finite():
         og.solve(decay, Y0, (0.0, np.inf))
 
 
+@pytest.mark.parametrize(
+    "where, build",
+    [
+        ("t_span", lambda T: dict(t_span=(0.0, T))),
+        ("Fixed(dt)", lambda T: dict(t_span=(0.0, 1.0), step=og.Fixed(T / 10))),
+        ("SaveAt(ts)", lambda T: dict(t_span=(0.0, 2.0), saveat=og.SaveAt(ts=T * jnp.ones(1)))),
+    ],
+)
+@pytest.mark.parametrize("transform", ["grad", "jvp"])
+def test_differentiated_times_named(where, build, transform):
+    """Differentiating through a time input raised a leaked-tracer error deep inside JAX."""
+
+    def loss(T):
+        kw = build(T)
+        return og.solve(decay, Y0, kw.pop("t_span"), **kw).ys[-1].sum()
+
+    with raises(ValueError, where, "is being differentiated", "T * f(t0 + s T, y, args)"):
+        if transform == "grad":
+            jax.jit(jax.grad(loss))(1.0)
+        else:
+            jax.jvp(loss, (1.0,), (1.0,))
+
+
+def test_differentiated_times_advice_works():
+    """The message's rescaling gives d/dT of the solve over (0, T): d y(T) / dT = f(T, y(T))."""
+
+    def f(t, y, a):
+        return -a * y + jnp.sin(t)
+
+    def scaled(s, y, args):
+        T, a = args
+        return T * f(s * T, y, a)
+
+    tight = og.Adaptive(rtol=1e-6, atol=1e-6)
+
+    def loss(T):
+        return og.solve(scaled, Y0, (0.0, 1.0), (T, 0.7), step=tight).ys[-1].sum()
+
+    y1 = og.solve(f, Y0, (0.0, 1.3), 0.7, step=tight).ys[-1]
+    np.testing.assert_allclose(jax.grad(loss)(1.3), f(1.3, y1, 0.7).sum(), rtol=1e-4)
+
+
 def test_saveat_ts_unsorted():
     with raises(ValueError, "SaveAt(ts)", "sorted in the direction of integration", "ascending"):
         og.solve(decay, Y0, (0.0, 1.0), saveat=og.SaveAt(ts=jnp.array([0.2, 0.8, 0.5])))

@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src.interpreters import ad  # the tracer types of jax.grad and jax.jvp
 
 from ._batching import vmap_batch_size
 from ._eager import cached_solve, is_eager
@@ -161,6 +162,7 @@ def _build_problem(
     y0 = _as_state(y0)
     tdtype = jnp.result_type(*jax.tree.leaves(y0))
     t0, t1 = _check_t_span(t_span, tdtype)
+    _check_times_constant(t_span, step, saveat)
     s = _direction(t0, t1)
     tau0, tau1 = s * t0, s * t1
     # Only the array leaves of args are traced; the rest (an equinox module's activation
@@ -327,6 +329,30 @@ def _as_state(y0):
             f"y0 mixes dtypes {sorted(map(str, dtypes))}; use one floating dtype for the state."
         )
     return y0
+
+
+def _check_times_constant(t_span, step, saveat):
+    """Raise where a time input is being differentiated (``jax.grad``/``jax.jvp`` through
+    ``t_span``, a step size or save times): the adjoints take the time grid as constant and
+    their custom derivative rules cannot return its cotangent, so JAX would fail with a leaked
+    tracer, deep inside, after the solve."""
+    inputs = {"t_span": t_span}
+    if isinstance(step, Fixed):
+        inputs["Fixed(dt)"] = step.dt
+    if isinstance(step, StepTo):
+        inputs["StepTo(ts)"] = step.ts
+    if saveat.ts is not None:
+        inputs["SaveAt(ts)"] = saveat.ts
+    for name, value in inputs.items():
+        if any(isinstance(v, ad.JVPTracer | ad.LinearizeTracer) for v in jax.tree.leaves(value)):
+            raise ValueError(
+                f"og.solve: {name} is being differentiated (jax.grad or jax.jvp reaches it). "
+                "The time grid is held constant by every adjoint, so its derivative is not "
+                "available. To differentiate with respect to a time span T, solve on s in "
+                "[0, 1] with the vector field scaled, f_s(s, y, (T, args)) = T * f(t0 + s T, y, "
+                "args), and pass T inside args; or wrap it in jax.lax.stop_gradient if its "
+                "derivative is not wanted."
+            )
 
 
 def _check_t_span(t_span, tdtype):

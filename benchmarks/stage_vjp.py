@@ -1,0 +1,113 @@
+"""Where a stencil gradient's time goes: one ROCK stage of seed 001's heat diffusion and its
+VJPs with different cotangents, jitted on their own; with ``--grad``, the jitted gradient of
+``sum(T(t1)^2)`` over 4 fixed ``og.ROCK2()`` steps with ``og.Auto()``, against the forward solve.
+
+    python benchmarks/stage_vjp.py 160 float64
+    python benchmarks/stage_vjp.py 160 float32 --grad
+    MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 \\
+        python benchmarks/stage_vjp.py 160 float64 --grad      # freed memory reused
+
+The stage is ``u = c dt f(u1) + 1.3 u1 - 0.3 u2`` with ``f`` the seed's right-hand side, whose
+parameters are the scalar ``lam`` and the field ``Ci``; each VJP is taken with respect to ``u1``
+and the listed parameters. Best of ``--rounds`` interleaved calls. See docs/stencil.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+
+import odegrad as og
+from odegrad.problems import diffusion3d
+
+
+def best_of(calls: dict, rounds: int) -> dict:
+    for c in calls.values():
+        jax.block_until_ready(c())
+    best = dict.fromkeys(calls, float("inf"))
+    for _ in range(rounds):
+        for name, c in calls.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(c())
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+def stage_rows(p, rounds: int) -> None:
+    def stage(u1, u2, dt, lam, Ci):
+        return dt * 0.01 * p.rhs(0.0, u1, (lam, Ci)) + 1.3 * u1 - 0.3 * u2
+
+    u1, u2, g = p.T0, p.T0 * 0.9, p.T0 * 0.5
+    dt = jnp.asarray(1e-3, p.T0.dtype)
+    inputs = (u1, u2, dt, p.lam, p.Ci)
+
+    def vjp(argnums):
+        def run(u1, u2, dt, lam, Ci, g):
+            args = (u1, u2, dt, lam, Ci)
+            return jax.vjp(lambda *d: stage(*_put(args, argnums, d)), *(args[i] for i in argnums))[
+                1
+            ](g)
+
+        return jax.jit(run).lower(*inputs, g).compile()
+
+    fwd = jax.jit(stage).lower(*inputs).compile()
+    calls = {"forward stage": lambda: fwd(*inputs)}
+    for label, argnums in [
+        ("u1, dt, lam, Ci", (0, 2, 3, 4)),
+        ("u1, lam, Ci", (0, 3, 4)),
+        ("u1, dt, Ci", (0, 2, 4)),
+        ("u1, Ci", (0, 4)),
+    ]:
+        c = vjp(argnums)
+        calls[f"VJP in {label}"] = lambda c=c: c(*inputs, g)
+    for name, t in best_of(calls, rounds).items():
+        print(f"| {name} | {t * 1e3:.1f} ms |")
+
+
+def _put(args, argnums, values):
+    out = list(args)
+    for i, v in zip(argnums, values, strict=True):
+        out[i] = v
+    return tuple(out)
+
+
+def gradient_rows(p, rounds: int) -> None:
+    pars = (p.lam, p.Ci)
+    fixed = og.Fixed(p.t1 / 4)
+
+    def final(T0, a):
+        sol = og.solve(p.rhs, T0, (0.0, p.t1), a, solver=og.ROCK2(), step=fixed)
+        return sol.ys[-1]
+
+    fwd = jax.jit(final).lower(p.T0, pars).compile()
+    loss = lambda T0, a: jnp.sum(final(T0, a) ** 2)
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p.T0, pars).compile()
+    best = best_of({"forward": lambda: fwd(p.T0, pars), "grad": lambda: grad(p.T0, pars)}, rounds)
+    temp = grad.memory_analysis().temp_size_in_bytes / 2**20
+    print(
+        f"| forward {best['forward'] * 1e3:.0f} ms | gradient {best['grad'] * 1e3:.0f} ms | "
+        f"{best['grad'] / best['forward']:.2f}x | temporary {temp:.0f} MiB |"
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("n", type=int, nargs="?", default=160)
+    ap.add_argument("dtype", nargs="?", default="float64")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--grad", action="store_true", help="also time the whole gradient")
+    args = ap.parse_args()
+    jax.config.update("jax_enable_x64", True)
+    p = diffusion3d(args.n, dtype=jnp.dtype(args.dtype))
+    print(f"{args.n}^3 {args.dtype}\n\n| | best |\n|---|--:|")
+    stage_rows(p, args.rounds)
+    if args.grad:
+        print()
+        gradient_rows(p, max(3, args.rounds // 3))
+
+
+if __name__ == "__main__":
+    main()
