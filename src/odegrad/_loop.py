@@ -29,7 +29,8 @@ from ._recorders import DenseRows, LoopSetup, Recorder, StepRecord, StepTaken, S
 from ._saving import SaveAtTimes, SavePlan, SaveSteps, ScanSaves
 from ._solution import Result
 from ._step import adapt_step
-from ._tree import tree_all_finite, tree_where
+from ._tree import tree_all_finite, tree_bytes, tree_where
+from ._tuning import tuning
 
 PyTree = Any
 
@@ -49,6 +50,16 @@ class LoopOutput(NamedTuple):
     accumulated: Any = None
     events: Any = None  # an EventLog (real time), when the solve has events
     h: Any = None  # adaptive: the step size the controller would try next (in tau)
+
+
+def _unroll(n_steps: int, y0) -> int:
+    """All ``n_steps`` as straight-line code when they are few and the state large: a scan
+    stacks each step's residuals for its reverse pass and reads them back, a copy of several
+    fields per step (``Tuning.unrolled_steps``)."""
+    t = tuning()
+    if n_steps <= t.unrolled_steps and tree_bytes(y0) >= t.unrolled_state_bytes:
+        return max(n_steps, 1)
+    return 1
 
 
 def scan_loop(solver, f, args, grid, y0, *, plan: SavePlan, s=1.0, progress=None) -> LoopOutput:
@@ -79,7 +90,7 @@ def scan_loop(solver, f, args, grid, y0, *, plan: SavePlan, s=1.0, progress=None
 
     carry = (y0, st0, None if saves is None else saves.init(grid[0], y0, args))
     if progress is None:
-        (y1, _, ts_buf), out = lax.scan(body, carry, xs)
+        (y1, _, ts_buf), out = lax.scan(body, carry, xs, unroll=_unroll(n_steps, y0))
     else:
         (y1, _, ts_buf), out = chunked_scan(body, carry, xs, n_steps, progress)
     if saves is not None:

@@ -83,6 +83,14 @@ class Tuning:
     #: (set on Lotka–Volterra's 6 inputs, where they beat every reverse pass; not measured at
     #: the boundary).
     forward_max_inputs: int = 32
+    #: a static grid of at most this many steps of a state of at least ``unrolled_state_bytes``
+    #: runs as straight-line code rather than a ``lax.scan``, whose reverse pass stacks each
+    #: step's residuals and reads them back (a copy of ~5 fields per ROCK2 step). Seed 001, 4
+    #: ROCK2 steps, gradient in one A/B run (freed memory reused / glibc's default): 160^3
+    #: float64 1599 -> 1326 / 1652 -> 1463 ms, float32 708 -> 639 / 916 -> 871 ms; 96^3 float64
+    #: 299 -> 271 ms. It costs compile time (the gradient's 5.5 -> 8-11 s), hence the size floor.
+    unrolled_steps: int = 4
+    unrolled_state_bytes: int = 8 << 20
     #: explicit RK stages of states with at least this many entries are written to memory
     #: before ``f`` reads them; otherwise XLA fuses a stage's linear combination into a stencil
     #: ``f`` and recomputes it at every neighbour (Tsit5 on a 32^3 Laplacian 6x slower). On
