@@ -9,7 +9,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax._src.interpreters import ad  # the tracer types of jax.grad and jax.jvp
 
 from ._batching import vmap_batch_size
 from ._eager import cached_solve, is_eager
@@ -331,6 +330,19 @@ def _as_state(y0):
     return y0
 
 
+def _differentiating_tracers() -> tuple[type, ...]:
+    """The tracer types of ``jax.jvp`` and ``jax.grad`` (private to JAX: none if they move)."""
+    try:
+        from jax._src.interpreters import ad
+    except ImportError:  # pragma: no cover - a JAX without this module
+        return ()
+    found = (getattr(ad, name, None) for name in ("JVPTracer", "LinearizeTracer"))
+    return tuple(t for t in found if t is not None)
+
+
+_DIFFERENTIATING = _differentiating_tracers()
+
+
 def _check_times_constant(t_span, step, saveat):
     """Raise where a time input is being differentiated (``jax.grad``/``jax.jvp`` through
     ``t_span``, a step size or save times): the adjoints take the time grid as constant and
@@ -344,7 +356,7 @@ def _check_times_constant(t_span, step, saveat):
     if saveat.ts is not None:
         inputs["SaveAt(ts)"] = saveat.ts
     for name, value in inputs.items():
-        if any(isinstance(v, ad.JVPTracer | ad.LinearizeTracer) for v in jax.tree.leaves(value)):
+        if any(isinstance(v, _DIFFERENTIATING) for v in jax.tree.leaves(value)):
             raise ValueError(
                 f"og.solve: {name} is being differentiated (jax.grad or jax.jvp reaches it). "
                 "The time grid is held constant by every adjoint, so its derivative is not "
