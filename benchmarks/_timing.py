@@ -14,6 +14,7 @@ import platform
 import random
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,34 @@ def add_timing_args(p, rounds: int, number: int, budget: float) -> None:
         default="median",
         help="which statistic of the rounds the ratios use (both are printed)",
     )
+
+
+#: glibc settings that keep freed memory for reuse: by default a block over 32 MiB is mapped
+#: fresh on every allocation, so each call of a program on large fields page-faults every page
+#: it writes (~0.4 ms per MiB on the development machine; docs/stencil.md)
+REUSE_MALLOC = {
+    "MALLOC_ARENA_MAX": "1",
+    "MALLOC_MMAP_MAX_": "0",
+    "MALLOC_TRIM_THRESHOLD_": str(2**36),
+}
+
+
+def add_malloc_arg(p) -> None:
+    """``--malloc {default,reuse}``: see :func:`apply_malloc`."""
+    p.add_argument(
+        "--malloc",
+        choices=["default", "reuse"],
+        default="default",
+        help="reuse: glibc keeps freed memory (no page faults on each call's fresh buffers)",
+    )
+
+
+def apply_malloc(choice: str) -> None:
+    """With ``reuse``, start the script again under :data:`REUSE_MALLOC` (glibc reads these at
+    start-up); print which allocator the figures below were taken with."""
+    if choice == "reuse" and any(os.environ.get(k) != v for k, v in REUSE_MALLOC.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **REUSE_MALLOC})
+    print(f"allocator: {choice}")
 
 
 def block(x: Any) -> Any:

@@ -33,8 +33,6 @@ with the memory reused. Both configurations are what a user may run; the default
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import jax
@@ -42,6 +40,8 @@ import jax.numpy as jnp
 
 import odegrad as og
 from _timing import (
+    add_malloc_arg,
+    apply_malloc,
     fmt_ratio,
     fmt_time,
     interleaved_medians,
@@ -52,12 +52,6 @@ from _timing import (
 )
 from odegrad.problems import diffusion3d
 
-#: glibc settings that keep freed memory for reuse (see the module docstring)
-REUSE_MALLOC = {
-    "MALLOC_ARENA_MAX": "1",
-    "MALLOC_MMAP_MAX_": "0",
-    "MALLOC_TRIM_THRESHOLD_": str(2**36),
-}
 COPY_BYTES = 256 * 2**20  #: the reference copy's array: out of every cache
 FIXED_STEPS = 4  #: fixed ROCK2 steps over the span (25 explicit-stable steps each)
 
@@ -269,18 +263,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-diffrax", dest="diffrax", action="store_false")
     ap.add_argument("--json", default=None, help="write the key rows (largest size) to this file")
-    ap.add_argument(
-        "--malloc",
-        choices=["default", "reuse"],
-        default="default",
-        help="reuse: glibc keeps freed memory (no page faults on each call's fresh buffers)",
-    )
+    add_malloc_arg(ap)
     args = ap.parse_args()
-    if args.malloc == "reuse" and os.environ.get("MALLOC_MMAP_MAX_") != "0":
-        # glibc reads these at start-up, so the script starts again with them
-        env = {**os.environ, **REUSE_MALLOC}
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
-    print(f"allocator: {args.malloc}")
+    apply_malloc(args.malloc)
     warm_up_jax()
     jax.config.update("jax_enable_x64", True)  # float32 arrays stay float32
     sizes = [32, 48] if args.quick else args.sizes

@@ -5,37 +5,30 @@ with the steps as a ``lax.scan`` and as straight-line code (``Tuning.unrolled_st
 
     python benchmarks/stage_vjp.py 160 float64
     python benchmarks/stage_vjp.py 160 float32 --grad
-    MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=68719476736 \\
-        python benchmarks/stage_vjp.py 160 float64 --grad      # freed memory reused
+    python benchmarks/stage_vjp.py 160 float64 --grad --malloc reuse   # freed memory reused
 
 The stage is ``u = c dt f(u1) + 1.3 u1 - 0.3 u2`` with ``f`` the seed's right-hand side, whose
 parameters are the scalar ``lam`` and the field ``Ci``; each VJP is taken with respect to ``u1``
-and the listed parameters. Best of ``--rounds`` interleaved calls. See docs/stencil.md.
+and the listed parameters. Best of ``--rounds`` interleaved rounds (``_timing``). See
+docs/stencil.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 
 import odegrad as og
+from _timing import add_malloc_arg, apply_malloc, interleaved_medians
 from odegrad._tuning import tuned
 from odegrad.problems import diffusion3d
 
 
 def best_of(calls: dict, rounds: int) -> dict:
-    for c in calls.values():
-        jax.block_until_ready(c())
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(rounds):
-        for name, c in calls.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(c())
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best
+    """Seconds per call of each, the fastest of ``rounds`` interleaved rounds."""
+    return {name: t.best for name, t in interleaved_medians(calls, rounds, 1).items()}
 
 
 def stage_rows(p, rounds: int) -> None:
@@ -112,7 +105,9 @@ def main():
     ap.add_argument("dtype", nargs="?", default="float64")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--grad", action="store_true", help="also time the whole gradient")
+    add_malloc_arg(ap)
     args = ap.parse_args()
+    apply_malloc(args.malloc)
     jax.config.update("jax_enable_x64", True)
     p = diffusion3d(args.n, dtype=jnp.dtype(args.dtype))
     print(f"{args.n}^3 {args.dtype}\n\n| | best |\n|---|--:|")

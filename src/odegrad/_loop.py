@@ -58,7 +58,7 @@ def _unroll(n_steps: int, y0) -> int:
     fields per step (``Tuning.unrolled_steps``)."""
     t = tuning()
     if n_steps <= t.unrolled_steps and tree_bytes(y0) >= t.unrolled_state_bytes:
-        return max(n_steps, 1)
+        return max(n_steps, 1)  # lax.scan rejects unroll=0 (an empty grid)
     return 1
 
 

@@ -64,7 +64,7 @@ def checkpoint_policy(
                 "all" if c == n else c,
                 f"keeping every step ({_mib(need)}) would exceed the {_mib(budget)} budget, "
                 f"which holds {fit} checkpoints of {_mib(problem.state_bytes())}{per_member}; "
-                + _below_floor(c, n, floor),
+                + _below_floor(floor, "every step is kept" if c == n else f"{c} are kept"),
             )
         return CheckpointPolicy(
             c,
@@ -84,9 +84,9 @@ def checkpoint_policy(
     slots = max(t.adaptive_prefix_bytes // row, t.adaptive_min_slots)
     fit = budget // row
     c = int(max(2, min(t.adaptive_slots, problem.max_steps, slots, max(floor, fit))))
-    over = (
-        "" if c <= fit else f" (the {_mib(budget)} budget holds {fit}; {_below_floor(c, 0, floor)})"
-    )
+    over = ""
+    if c > fit:
+        over = f" (the {_mib(budget)} budget holds {fit}; {_below_floor(floor, f'{c} are kept')})"
     return CheckpointPolicy(
         c,
         f"a buffer for all max_steps={problem.max_steps} steps would take {_mib(rows)} (more "
@@ -96,10 +96,9 @@ def checkpoint_policy(
     )
 
 
-def _below_floor(c: int, n: int, floor: int) -> str:
+def _below_floor(floor: int, kept: str) -> str:
     """Why the default budget was exceeded: revolve with ``s`` checkpoints re-takes each step
     about ``r`` times where ``binomial(s + r, s) >= n`` (2 checkpoints, 25 steps: 6 times)."""
-    kept = "every step is kept" if c == n else f"{c} are kept"
     return (
         f"fewer than Tuning.min_checkpoints = {floor} would re-take steps many times over, so "
         f"{kept} (pass memory_budget= to hold to a budget)"
