@@ -48,7 +48,7 @@ from .._tree import tree_add, tree_bytes, tree_scale, tree_size, tree_where, tre
 from .._tuning import tuning
 from ..solvers.explicit_rk import ExplicitRK
 from .base import AbstractAdjoint, Problem, call_custom_vjp
-from .columns import ColumnSolver, PropagatorSolver, SaveColumns
+from .columns import ColumnSolver, PropagatorSolver, SaveColumns, widest_value
 from .sources import Pass, StateSource
 
 
@@ -212,7 +212,7 @@ class _Continuous(AbstractAdjoint):
             and isinstance(solver_b, ExplicitRK)
             and solver_b.tableau.dense is not None  # its stage weights at the saves
         )
-        columns = propagator or (across and src.reads_anywhere)
+        columns = propagator or (across and src.reads_anywhere and self._columns_pay(problem, f))
         points, labels, count = self._breakpoints(problem, keep, with_ts=not columns)
         tdtype = points.dtype
         y_at = partial(src.y, problem, keep)
@@ -437,6 +437,21 @@ class _Continuous(AbstractAdjoint):
             carry["h"] = jnp.full((), jnp.nan, tdtype)
         carry = src.sweep(bwd, carry)
         return carry["a"], carry["g"]
+
+    @staticmethod
+    def _columns_pay(problem: Problem, f) -> bool:
+        """Whether the saves should ride as columns rather than stop the backward solve: with at
+        least two columns per step (``Tuning.column_entries``), and, where the backend's tuning
+        says so, only while ``f``'s widest array, over the whole batch, leaves room for them
+        (``Tuning.column_width``)."""
+        t = tuning()
+        if t.column_entries // max(tree_size(problem.y0), 1) < 2:
+            return False
+        if t.column_width is None:
+            return True
+        rhs = lambda y, a: f(problem.tau0, y, problem.with_args(a))
+        width = widest_value(rhs, problem.y0, problem.args_diff) * max(problem.batch, 1)
+        return width <= t.column_width
 
     def _save_columns(self, problem: Problem, keep, ys, args_diff, ct, with_states=False):
         """The saves' jumps of ``a`` (merged per time) from the states there, and the sum of
