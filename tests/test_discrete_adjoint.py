@@ -892,28 +892,50 @@ def test_adaptive_grad_is_custom_vjp(checkpoints):
         )(2.0)
 
 
+def _lv_saves_loss(p, c):
+    sol = og.solve(
+        lotka_volterra,
+        LV_Y0,
+        (0.0, 3.0),
+        p,
+        step=og.Adaptive(rtol=1e-7, atol=1e-7),
+        saveat=og.SaveAt(ts=jnp.linspace(0.0, 3.0, 5)),
+        adjoint=og.Discrete(c),
+    )
+    return jnp.sum(sol.ys**2)
+
+
 @pytest.mark.parametrize(
     "checkpoints",
-    [3, pytest.param(48, marks=pytest.mark.slow), 49, pytest.param(400, marks=pytest.mark.slow)],
+    [
+        3,
+        pytest.param(30, marks=pytest.mark.slow),
+        40,
+        pytest.param(48, marks=pytest.mark.slow),
+        49,
+        pytest.param(400, marks=pytest.mark.slow),
+    ],
 )
 def test_adaptive_checkpoints_fewer_and_more_than_steps(checkpoints):
-    """The forward pass keeps the first c states: with c >= the step count (49 here) the
-    reverse pass recomputes nothing; with fewer it runs the binomial schedule in that buffer.
-    Both equal keeping every step."""
-
-    def loss(p, c):
-        sol = og.solve(
-            lotka_volterra,
-            LV_Y0,
-            (0.0, 3.0),
-            p,
-            step=og.Adaptive(rtol=1e-7, atol=1e-7),
-            saveat=og.SaveAt(ts=jnp.linspace(0.0, 3.0, 5)),
-            adjoint=og.Discrete(c),
-        )
-        return jnp.sum(sol.ys**2)
-
-    grad = jax.jit(jax.grad(loss), static_argnums=1)
+    """The forward pass keeps the first c states: with c >= the step count (41 accepted steps
+    here: 48, 49, 400) the reverse pass recomputes nothing; a short tail past them (40: 2 steps)
+    is re-taken from the last kept state; a longer one (3, 30: 12 steps) runs the binomial
+    schedule in that buffer. All equal keeping every step."""
+    grad = jax.jit(jax.grad(_lv_saves_loss), static_argnums=1)
     g = grad(LV_P, checkpoints)
     g_all = grad(LV_P, "all")
     assert_close(g, g_all, 1e-13, f"Discrete({checkpoints}) vs all")
+
+
+def test_adaptive_short_tail_under_vmap():
+    """Members that step differently (24, 41 and 50 accepted steps); the batch follows its
+    longest member: with 45 slots a short tail (6 steps, re-taken from the last kept state; the
+    other members' steps there masked), with 40 the binomial schedule (a tail of 11 would re-take
+    55 steps). Each row equals its own solve keeping every step."""
+    ps = LV_P[None, :] * jnp.array([0.7, 1.0, 1.3])[:, None]
+    batched = jax.jit(jax.vmap(jax.grad(_lv_saves_loss), in_axes=(0, None)), static_argnums=1)
+    g_all = jax.jit(jax.grad(_lv_saves_loss), static_argnums=1)
+    for slots in (40, 45):
+        g = batched(ps, slots)
+        for i in range(3):
+            assert_close(g[i], g_all(ps[i], "all"), 1e-13, f"{slots} slots, member {i}")

@@ -92,7 +92,8 @@ def checkpoint_policy(
         f"a buffer for all max_steps={problem.max_steps} steps would take {_mib(rows)} (more "
         f"than {_mib(keep_all)}), so the forward pass keeps its first {c} states of "
         f"{_mib(problem.checkpoint_bytes())}{per_member}{over}: a solve of at most {c} steps "
-        "recomputes nothing, a longer one recomputes on a binomial (revolve) schedule",
+        "recomputes nothing, a few steps more are re-taken from the last kept state, and a "
+        "longer one recomputes on a binomial (revolve) schedule",
     )
 
 
