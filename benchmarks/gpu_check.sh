@@ -42,6 +42,6 @@ step 200 neural python3 benchmarks/neural_ode.py --batches "$BATCHES" --variants
 step 130 diffusion python3 benchmarks/diffusion3d.py --sizes "$N3" --no-diffrax --rounds 3
 step 45 stage64 python3 benchmarks/stage_vjp.py "$NB" float64 --grad --rounds 5
 step 35 stage32 python3 benchmarks/stage_vjp.py "$NB" float32 --grad --rounds 5
-step 40 wave python3 benchmarks/wave_scan_parity.py --n "$WN" --steps "$WSTEPS" --quick
+step 60 wave python3 benchmarks/wave_scan_parity.py --n "$WN" --steps "$WSTEPS" --rounds 3
 step 30 lv python3 benchmarks/lotka_volterra.py --quick --no-torch
 echo "log: $log"

@@ -303,6 +303,9 @@ def test_widest_value_reads_nested_jaxprs():
     scanned = lambda y: jax.lax.scan(lambda c, x: (c + inner(x), None), 0.0, y)[0]
     assert widest_value(scanned, jnp.ones((3, 6))) == 36
     assert widest_value(jax.vmap(lambda y: jnp.outer(y, y)), jnp.ones((5, 4))) == 80
+    # work on the parameters alone (a transposed weight matrix) does not count
+    w = jnp.ones((128, 128))
+    assert widest_value(lambda y, w: jnp.tanh(y @ w.T), jnp.ones(128), w) == 128
 
 
 def test_saves_stop_the_backward_solve_once_f_is_wide(monkeypatch):

@@ -449,7 +449,7 @@ class _Continuous(AbstractAdjoint):
             return False
         if t.column_width is None:
             return True
-        rhs = lambda y, a: f(problem.tau0, y, problem.with_args(a))
+        rhs = lambda y, a: f(problem.direction * problem.tau0, y, problem.with_args(a))
         width = widest_value(rhs, problem.y0, problem.args_diff) * max(problem.batch, 1)
         return width <= t.column_width
 

@@ -113,9 +113,9 @@ def reverse_steps(
         adjoint = sweep(prefix, adjoint, jnp.where(full, n, 0))
         # A short tail past the kept states: each of its states re-taken from the last kept
         # one, then the kept ones swept (96^3 ROCK2, 13 adaptive steps, 12 slots: the restart
-        # below re-took every step, 20 % of the gradient)
+        # below re-took every step, 23 % of the gradient)
         tail = n - slots + 1
-        short = ~full & (tail * (tail - 1) // 2 <= n)
+        short = ~full & (tail - 1 <= 2 * n // jnp.maximum(tail, 1))  # l(l-1)/2 <= n, in int32
         last = jax.tree.map(lambda b: b[slots - 1], prefix)
 
         def tail_step(j, adj):

@@ -80,29 +80,47 @@ def _solve(m, b):
     return jnp.stack(x, -1)
 
 
-def widest_value(f: Callable, *args) -> int:
-    """Entries of the largest array one call ``f(*args)`` computes: the widest output of an
-    equation of its jaxpr, nested jaxprs included (traced once, nothing compiled).
+def widest_value(f: Callable, y, *rest) -> int:
+    """Entries of the largest array that one call ``f(y, *rest)`` computes from ``y``: the
+    widest output of an equation of its jaxpr that depends on ``y`` (work on ``rest`` alone, a
+    transposed weight matrix say, does not count), nested jaxprs included; traced once, nothing
+    compiled.
 
     A product over ``k`` columns costs about ``k`` single ones once ``f``'s arrays are wide
     enough to keep the processor busy; below that, the columns ride in the idle lanes.
 
     Example:
-        >>> widest_value(lambda y: jnp.outer(y, y).sum(0), jnp.ones(8))
-        64
+        >>> widest_value(lambda y, w: jnp.tanh(y @ w.T), jnp.ones(8), jnp.ones((4, 8)))
+        4
     """
-    specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), args)
+    specs = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), (y, *rest)
+    )
+    closed = jax.make_jaxpr(f)(*specs)
+    n_y = len(jax.tree.leaves(specs[0]))
+    deps = [i < n_y for i in range(len(closed.jaxpr.invars))]
+    return _widest(closed.jaxpr, deps)
 
-    def widest(jaxpr) -> int:
-        out = 0
-        for eqn in jaxpr.eqns:
-            for v in eqn.outvars:
-                out = max(out, math.prod(getattr(v.aval, "shape", ())))
-            for inner in jex_core.jaxprs_in_params(eqn.params):
-                out = max(out, widest(getattr(inner, "jaxpr", inner)))
-        return out
 
-    return widest(jax.make_jaxpr(f)(*specs).jaxpr)
+def _widest(jaxpr, deps) -> int:
+    """The widest output of ``jaxpr``'s equations that depend on the invars flagged in
+    ``deps``. A call whose jaxpr takes the equation's operands one to one (``jit``, custom
+    derivatives) is followed operand by operand; any other nested jaxpr (loops, branches)
+    counts whole once an operand depends."""
+    dep = {v for v, d in zip(jaxpr.invars, deps, strict=True) if d}
+    widest = 0
+    for eqn in jaxpr.eqns:
+        ins = [not isinstance(v, jex_core.Literal) and v in dep for v in eqn.invars]
+        if not any(ins):
+            continue
+        dep.update(eqn.outvars)
+        for v in eqn.outvars:
+            widest = max(widest, math.prod(getattr(v.aval, "shape", ())))
+        for inner in jex_core.jaxprs_in_params(eqn.params):
+            inner = getattr(inner, "jaxpr", inner)
+            one_to_one = len(inner.invars) == len(ins)
+            widest = max(widest, _widest(inner, ins if one_to_one else [True] * len(ins)))
+    return widest
 
 
 class SaveColumns(NamedTuple):
