@@ -145,19 +145,21 @@ def run_size(n, dtype, rounds, args, with_diffrax):
         "streaming rhs": streaming_rhs(p, pars),
         "streaming stage": streaming_stage(p, pars),
     }
-    evals, compile_s = {}, {}
+    evals, steps, compile_s, adjoint_choice = {}, {}, {}, {}
     for name, (solver, step) in variants.items():
 
         def forward(T0, a, solver=solver, step=step):
             sol = og.solve(p.rhs, T0, (0.0, p.t1), a, solver=solver, step=step)
-            return sol.ys[-1], sol.stats["rhs_evals"]
+            return sol.ys[-1], sol.stats["rhs_evals"], sol.stats["steps"]
 
         t0 = time.perf_counter()
         fwd = jax.jit(forward).lower(p.T0, pars).compile()
         compile_s[name] = time.perf_counter() - t0
-        evals[name] = int(fwd(p.T0, pars)[1])
+        evals[name], steps[name] = (int(v) for v in fwd(p.T0, pars)[1:])
         fns[name] = lambda fwd=fwd: fwd(p.T0, pars)
         if name in with_gradient:
+            kw = dict(solver=solver, step=step)
+            adjoint_choice[name] = og.explain_adjoint(p.rhs, p.T0, (0.0, p.t1), pars, **kw)
             loss = lambda T0, a, forward=forward: jnp.sum(forward(T0, a)[0] ** 2)
             t0 = time.perf_counter()
             grad = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(p.T0, pars).compile()
@@ -214,6 +216,8 @@ def run_size(n, dtype, rounds, args, with_diffrax):
             rows.append([name, fmt_time(t[name].best), "", "", ""])
     print(f"\n### {n}^3, {jnp.dtype(dtype).name} (best of {rounds})\n")
     print(markdown_table(["what", "time", "rhs evals", "T_eff", "T_eff / T_copy"], rows))
+    for name, text in adjoint_choice.items():  # what the gradient rows recompute, if anything
+        print(f"\n{name}: {steps[name]} steps. {text}")
 
     problem = f"diffusion3d {n}^3 {jnp.dtype(dtype).name} ROCK2"
     main = f"ROCK2(), adaptive {args.tol:g}"

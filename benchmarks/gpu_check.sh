@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One prepared GPU check (under 9 minutes on an H200): the three seed scenarios and the
-# benchmarks that answer issues #12 and #15, with absolute times, T_eff against the device's
-# own large copy, the gradient/forward ratio, and the neural-ODE table against diffrax.
+# One prepared GPU check (the steps' limits add up to 540 s; ~7 minutes on an H200): the three
+# seed scenarios and the benchmarks that answer issues #12 and #15, with absolute times, T_eff
+# against the device's own large copy, the gradient/forward ratio, and the neural-ODE table
+# against diffrax.
 # Installs nothing beyond the project itself (no network there): run from the repo root,
 #   bash benchmarks/gpu_check.sh            # on the lent GPU machine
 #   SMALL=1 bash benchmarks/gpu_check.sh    # tiny sizes: a dry run of every step on CPU
@@ -36,7 +37,7 @@ for argv in (['examples/mixed_state_gpu.py', '--quick'], ['examples/diffusion3d.
              ['examples/wave_scan_parity.py', '--n', '$WN', '--steps', '$WSTEPS']):
     print('##', *argv); sys.argv = argv; runpy.run_path(argv[0], run_name='__main__')
 "
-step 200 neural python3 benchmarks/neural_ode.py --batches "$BATCHES" --variants vmap,stacked \
+step 150 neural python3 benchmarks/neural_ode.py --batches "$BATCHES" --variants vmap,stacked \
     --stacked-batch "$STACK" --adjoints "${ADJOINTS:-auto,interpolating,backsolve}" --no-diffrax-backsolve \
     --rounds 5 --number 3 --budget 5 --compile-reps 1
 step 130 diffusion python3 benchmarks/diffusion3d.py --sizes "$N3" --no-diffrax --rounds 3

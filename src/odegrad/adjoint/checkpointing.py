@@ -27,19 +27,37 @@ from .._batching import max_member, member_where
 PyTree = Any
 
 
+def _beta(s, t):
+    """``C(s + t, s)`` in floating point."""
+    return jnp.exp(gammaln(s + t + 1.0) - gammaln(s + 1.0) - gammaln(t + 1.0))
+
+
+def _sweeps(lf, sf):
+    """The least ``t`` with ``beta(sf, t) >= lf`` (log-domain, a few iterations at most); 0
+    without a free slot, where the answer is unused."""
+    return lax.while_loop(
+        lambda t: (sf > 0) & (_beta(sf, t) < lf * (1 - 1e-6)), lambda t: t + 1.0, 0.0
+    )
+
+
+def revolve_steps(length, free):
+    """The fewest steps forward any schedule takes to reverse ``length`` steps with ``free``
+    checkpoints besides the first state, ``t length - beta(free + 1, t - 1)`` with ``t`` as in
+    :func:`binomial_advance` (Griewank and Walther). :func:`reverse_steps` takes that many in
+    most cases, and at most ``t length``."""
+    lf = jnp.asarray(length).astype(jnp.float32)
+    sf = jnp.asarray(free).astype(jnp.float32)
+    t = _sweeps(lf, sf)
+    return jnp.where(sf > 0, t * lf - _beta(sf + 1.0, t - 1.0), lf * (lf - 1) / 2)
+
+
 def binomial_advance(length, free):
     """How far to advance before taking a checkpoint (Griewank's rule; see module docstring)."""
     length = jnp.asarray(length)
     lf = length.astype(jnp.float32)
     sf = jnp.asarray(free).astype(jnp.float32)
-
-    def beta(s, t):
-        return jnp.exp(gammaln(s + t + 1.0) - gammaln(s + 1.0) - gammaln(t + 1.0))
-
-    # least t with beta(free, t) >= length (log-domain, a few iterations at most)
-    # with no free slot the answer is unused (the caller advances to the end); skip the search
-    t = lax.while_loop(lambda t: (sf > 0) & (beta(sf, t) < lf * (1 - 1e-6)), lambda t: t + 1.0, 0.0)
-    adv = jnp.round(lf - beta(sf - 1.0, t)).astype(length.dtype)
+    t = _sweeps(lf, sf)
+    adv = jnp.round(lf - _beta(sf - 1.0, t)).astype(length.dtype)
     adv = jnp.where(free >= length - 1, 1, adv)
     return jnp.clip(adv, 1, jnp.maximum(length - 1, 1))
 
@@ -68,10 +86,10 @@ def reverse_steps(
         prefix: optionally a buffer with ``slots`` rows whose first ``min(n, slots)`` rows the
             forward pass filled with ``x_0, x_1, ...``: when ``n <= slots`` (known at run time)
             they are the checkpoints and nothing is recomputed. A short tail past them, whose
-            ``l = n - slots + 1`` steps re-taken from the last kept state cost
-            ``l (l - 1) / 2 <= n`` steps, is reversed that way, then the kept states. Otherwise
-            the schedule starts from ``x_0`` with the buffer as its workspace (no separate
-            allocation), re-taking about ``n`` steps.
+            ``l = n - slots + 1`` steps re-taken from the last kept state cost ``l (l - 1) / 2``
+            steps, no more than the schedule below (:func:`revolve_steps`), is reversed that
+            way, then the kept states. Otherwise the schedule starts from ``x_0`` with the
+            buffer as its workspace (no separate allocation).
 
     Returns:
         The adjoint before step 0.
@@ -115,7 +133,8 @@ def reverse_steps(
         # one, then the kept ones swept (96^3 ROCK2, 13 adaptive steps, 12 slots: the restart
         # below re-took every step, 23 % of the gradient)
         tail = n - slots + 1
-        short = ~full & (tail - 1 <= 2 * n // jnp.maximum(tail, 1))  # l(l-1)/2 <= n, in int32
+        tail_f = tail.astype(jnp.float32)  # (int32 would overflow l (l - 1) / 2)
+        short = ~full & (tail_f * (tail_f - 1) / 2 <= revolve_steps(n, slots - 1))
         last = jax.tree.map(lambda b: b[slots - 1], prefix)
 
         def tail_step(j, adj):
