@@ -920,7 +920,7 @@ def test_adaptive_checkpoints_fewer_and_more_than_steps(checkpoints):
     """The forward pass keeps the first c states: with c >= the step count (41 accepted steps
     here: 48, 49, 400) the reverse pass recomputes nothing; a short tail past them (40: 2 steps)
     is re-taken from the last kept state; a longer one (3; 30: 12 steps, 66 re-taken against the
-    schedule's 51) runs the binomial schedule in that buffer. All equal keeping every step."""
+    schedule's 50) runs the binomial schedule in that buffer. All equal keeping every step."""
     grad = jax.jit(jax.grad(_lv_saves_loss), static_argnums=1)
     g = grad(LV_P, checkpoints)
     g_all = grad(LV_P, "all")
@@ -931,7 +931,7 @@ def test_adaptive_short_tail_under_vmap():
     """Members that step differently (24, 41 and 50 accepted steps); the batch follows its
     longest member: with 45 slots a short tail (6 steps, re-taken from the last kept state; the
     other members' steps there masked), with 30 the binomial schedule (a tail of 21 would re-take
-    210 steps, the schedule 69). Each row equals its own solve keeping every step."""
+    210 steps, the schedule 68). Each row equals its own solve keeping every step."""
     ps = LV_P[None, :] * jnp.array([0.7, 1.0, 1.3])[:, None]
     batched = jax.jit(jax.vmap(jax.grad(_lv_saves_loss), in_axes=(0, None)), static_argnums=1)
     g_all = jax.jit(jax.grad(_lv_saves_loss), static_argnums=1)

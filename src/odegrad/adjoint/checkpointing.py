@@ -2,11 +2,12 @@
 
 :func:`reverse_steps` runs ``backward(k, x_k, adjoint)`` for ``k = n-1, ..., 0``, where the states
 ``x_k`` come from ``x_0`` by ``advance``. It keeps at most ``slots`` states and recomputes the
-rest. Each time it must split an unreversed range of ``l`` steps while ``s`` slots are free, it
-advances by ``max(1, l - beta(s - 1, t))`` steps, where ``t`` is the least integer with
-``beta(s, t) = C(s + t, s) >= l``. This is Griewank's binomial rule: it reverses ``n`` steps
-with ``s`` slots in at most ``t`` forward sweeps, the minimum possible (A. Griewank and
-A. Walther, "Algorithm 799: revolve", ACM TOMS 26, 2000).
+rest. Each time it must split an unreversed range of ``l`` steps while ``s`` slots are free
+besides the range's first state, it advances by the split of revolve (:func:`binomial_advance`),
+which reverses ``l`` steps in the fewest forward steps any schedule takes,
+``t l - beta(s + 2, t - 1)`` with ``t`` the least integer such that
+``beta(s + 1, t) = C(s + 1 + t, t) >= l`` (:func:`revolve_steps`; A. Griewank and A. Walther,
+"Algorithm 799: revolve", ACM TOMS 26, 2000).
 
 ``n`` may be a traced integer, so the same schedule serves step counts known only at run time
 (adaptive solves record their step sizes and replay them here).
@@ -32,33 +33,40 @@ def _beta(s, t):
     return jnp.exp(gammaln(s + t + 1.0) - gammaln(s + 1.0) - gammaln(t + 1.0))
 
 
-def _sweeps(lf, sf):
-    """The least ``t`` with ``beta(sf, t) >= lf`` (log-domain, a few iterations at most); 0
-    without a free slot, where the answer is unused."""
-    return lax.while_loop(
-        lambda t: (sf > 0) & (_beta(sf, t) < lf * (1 - 1e-6)), lambda t: t + 1.0, 0.0
-    )
-
-
 def revolve_steps(length, free):
-    """The fewest steps forward any schedule takes to reverse ``length`` steps with ``free``
-    checkpoints besides the first state, ``t length - beta(free + 1, t - 1)`` with ``t`` as in
-    :func:`binomial_advance` (Griewank and Walther). :func:`reverse_steps` takes that many in
-    most cases, and at most ``t length``."""
+    """The fewest forward steps that reverse ``length`` steps with ``free`` slots besides the
+    first state, ``t length - beta(free + 2, t - 1)`` with ``t`` the least such that
+    ``beta(free + 1, t) >= length`` (Griewank and Walther), which :func:`reverse_steps` takes."""
     lf = jnp.asarray(length).astype(jnp.float32)
-    sf = jnp.asarray(free).astype(jnp.float32)
-    t = _sweeps(lf, sf)
-    return jnp.where(sf > 0, t * lf - _beta(sf + 1.0, t - 1.0), lf * (lf - 1) / 2)
+    sf = jnp.asarray(free).astype(jnp.float32) + 1.0
+    t = lax.while_loop(lambda t: _beta(sf, t) < lf * (1 - 1e-6), lambda t: t + 1.0, 0.0)
+    return t * lf - _beta(sf + 1.0, t - 1.0)
 
 
 def binomial_advance(length, free):
-    """How far to advance before taking a checkpoint (Griewank's rule; see module docstring)."""
-    length = jnp.asarray(length)
-    lf = length.astype(jnp.float32)
-    sf = jnp.asarray(free).astype(jnp.float32)
-    t = _sweeps(lf, sf)
-    adv = jnp.round(lf - _beta(sf - 1.0, t)).astype(length.dtype)
-    adv = jnp.where(free >= length - 1, 1, adv)
+    """How far to advance before taking a checkpoint: revolve's split of ``length`` steps with
+    ``free`` slots besides the first state, which takes the fewest forward steps (Griewank and
+    Walther's Algorithm 799, its ``advance`` decision, with ``snaps = free + 1``). With ``r``
+    the least such that ``range = beta(snaps, r) >= length``, and ``b1 = beta(snaps, r - 1)``,
+    ``b2 = beta(snaps - 1, r - 1)``, ``b3 = beta(snaps - 2, r - 1)``, ``b4 = beta(snaps, r - 2)``,
+    ``b5 = beta(snaps - 3, r)``: ``b4`` if ``length <= b1 + b3``, ``b1`` if
+    ``length >= range - b5``, else ``length - b2 - b3``. In int32: exact while
+    ``length * (free + 2)`` is below 2^31."""
+    length = jnp.asarray(length, jnp.int32)
+    snaps = jnp.minimum(jnp.asarray(free, jnp.int32), length) + 1
+
+    def grow(c):
+        r, rng = c
+        return r + 1, rng * (r + 1 + snaps) // (r + 1)
+
+    r, rng = lax.while_loop(lambda c: c[1] < length, grow, (jnp.int32(0), jnp.int32(1)))
+    div = lambda a, b: a // jnp.maximum(b, 1)  # the divisions are exact where used
+    b1 = div(rng * r, snaps + r)
+    b2 = jnp.where(snaps > 1, div(b1 * snaps, snaps + r - 1), 1)
+    b3 = jnp.where(snaps == 1, 0, jnp.where(snaps > 2, div(b2 * (snaps - 1), snaps + r - 2), 1))
+    b4 = div(b2 * (r - 1), snaps)
+    b5 = jnp.where(snaps < 3, 0, jnp.where(snaps > 3, div(b3 * (snaps - 2), r), 1))
+    adv = jnp.where(length <= b1 + b3, b4, jnp.where(length >= rng - b5, b1, length - b2 - b3))
     return jnp.clip(adv, 1, jnp.maximum(length - 1, 1))
 
 
