@@ -50,24 +50,26 @@ def binomial_advance(length, free):
     the least such that ``range = beta(snaps, r) >= length``, and ``b1 = beta(snaps, r - 1)``,
     ``b2 = beta(snaps - 1, r - 1)``, ``b3 = beta(snaps - 2, r - 1)``, ``b4 = beta(snaps, r - 2)``,
     ``b5 = beta(snaps - 3, r)``: ``b4`` if ``length <= b1 + b3``, ``b1`` if
-    ``length >= range - b5``, else ``length - b2 - b3``. In int32: exact while
-    ``length * (free + 2)`` is below 2^31."""
-    length = jnp.asarray(length, jnp.int32)
-    snaps = jnp.minimum(jnp.asarray(free, jnp.int32), length) + 1
+    ``length >= range - b5``, else ``length - b2 - b3``. In float32, exact below 2^24 (beyond,
+    the split is near optimal; any split in ``[1, length - 1]`` reverses correctly)."""
+    length = jnp.asarray(length)
+    lf = length.astype(jnp.float32)
+    snaps = jnp.minimum(jnp.asarray(free).astype(jnp.float32), lf) + 1.0
+    # the products below are binomial identities: each division is exact, up to rounding
+    div = lambda a, b: jnp.round(a / jnp.maximum(b, 1.0))
 
     def grow(c):
         r, rng = c
-        return r + 1, rng * (r + 1 + snaps) // (r + 1)
+        return r + 1.0, div(rng * (r + 1.0 + snaps), r + 1.0)
 
-    r, rng = lax.while_loop(lambda c: c[1] < length, grow, (jnp.int32(0), jnp.int32(1)))
-    div = lambda a, b: a // jnp.maximum(b, 1)  # the divisions are exact where used
+    r, rng = lax.while_loop(lambda c: c[1] < lf, grow, (jnp.float32(0), jnp.float32(1)))
     b1 = div(rng * r, snaps + r)
-    b2 = jnp.where(snaps > 1, div(b1 * snaps, snaps + r - 1), 1)
-    b3 = jnp.where(snaps == 1, 0, jnp.where(snaps > 2, div(b2 * (snaps - 1), snaps + r - 2), 1))
+    b2 = jnp.where(snaps > 1, div(b1 * snaps, snaps + r - 1), 1.0)
+    b3 = jnp.where(snaps == 1, 0.0, jnp.where(snaps > 2, div(b2 * (snaps - 1), snaps + r - 2), 1.0))
     b4 = div(b2 * (r - 1), snaps)
-    b5 = jnp.where(snaps < 3, 0, jnp.where(snaps > 3, div(b3 * (snaps - 2), r), 1))
-    adv = jnp.where(length <= b1 + b3, b4, jnp.where(length >= rng - b5, b1, length - b2 - b3))
-    return jnp.clip(adv, 1, jnp.maximum(length - 1, 1))
+    b5 = jnp.where(snaps < 3, 0.0, jnp.where(snaps > 3, div(b3 * (snaps - 2), r), 1.0))
+    adv = jnp.where(lf <= b1 + b3, b4, jnp.where(lf >= rng - b5, b1, lf - b2 - b3))
+    return jnp.clip(adv.astype(length.dtype), 1, jnp.maximum(length - 1, 1))
 
 
 def reverse_steps(
