@@ -303,6 +303,12 @@ def test_widest_value_reads_nested_jaxprs():
     scanned = lambda y: jax.lax.scan(lambda c, x: (c + inner(x), None), 0.0, y)[0]
     assert widest_value(scanned, jnp.ones((3, 6))) == 36
     assert widest_value(jax.vmap(lambda y: jnp.outer(y, y)), jnp.ones((5, 4))) == 80
+    # branches and loops (their jaxprs take other operands than the equation) count whole
+    branch = lambda y: jax.lax.cond(y[0] > 0, lambda z: jnp.outer(z, z).sum(0), lambda z: z, y)
+    assert widest_value(branch, jnp.ones(6)) == 36
+    body = lambda c: (c[0] + 1, jnp.tanh(jnp.outer(c[1], c[1]).sum(0)))
+    loop = lambda y: jax.lax.while_loop(lambda c: c[0] < 3, body, (0, y))[1]
+    assert widest_value(loop, jnp.ones(5)) == 25
     # work on the parameters alone (a transposed weight matrix) does not count
     w = jnp.ones((128, 128))
     assert widest_value(lambda y, w: jnp.tanh(y @ w.T), jnp.ones(128), w) == 128

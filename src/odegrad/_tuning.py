@@ -120,7 +120,8 @@ class Tuning:
     #: instead (Interpolating, 100 saves, Tsit5 at rtol 1e-4, train step, columns vs stops:
     #: ``tanh(A y)`` n = 128, widest 128: 4.2 vs 11.6 ms; 16^2 diffusion, widest 324: 11.0 vs
     #: 15.7 ms; the neural ODE as one (16, 2) state, widest 1024: 17.7 vs 15.1 ms, as (256, 2)
-    #: 210 vs 137 ms; 48^2 diffusion, widest 2500: 18.7 vs 11.4 ms). ``None``: no limit.
+    #: 210 vs 137 ms; 48^2 diffusion, widest 2500: 18.7 vs 11.4 ms; ``benchmarks/columns.py``).
+    #: ``None``: no limit.
     column_width: int | None = 512
     #: states of at most this many entries use the adjoint's propagator instead (n columns per
     #: stage whatever the saves, see adjoint/columns.py's PropagatorSolver); 0: never.

@@ -21,48 +21,49 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.scipy.special import gammaln
 
 from .._batching import max_member, member_where
 
 PyTree = Any
 
 
-def _beta(s, t):
-    """``C(s + t, s)`` in floating point."""
-    return jnp.exp(gammaln(s + t + 1.0) - gammaln(s + 1.0) - gammaln(t + 1.0))
+def _sweeps(length, free):
+    """``(lf, snaps, r, range)``: the float length, ``snaps = free + 1`` (at most ``length + 1``),
+    and the least ``r`` with ``range = beta(snaps, r) = C(snaps + r, r) >= length``, by the
+    recurrence ``beta(snaps, r) = beta(snaps, r - 1) (snaps + r) / r`` (each division exact, up to
+    rounding; float32 is exact below 2^24)."""
+    lf = jnp.asarray(length).astype(jnp.float32)
+    snaps = jnp.minimum(jnp.asarray(free).astype(jnp.float32), lf) + 1.0
+
+    def grow(c):
+        r, rng = c
+        return r + 1.0, jnp.round(rng * (r + 1.0 + snaps) / (r + 1.0))
+
+    r, rng = lax.while_loop(lambda c: c[1] < lf, grow, (jnp.float32(0), jnp.float32(1)))
+    return lf, snaps, r, rng
 
 
 def revolve_steps(length, free):
     """The fewest forward steps that reverse ``length`` steps with ``free`` slots besides the
-    first state, ``t length - beta(free + 2, t - 1)`` with ``t`` the least such that
-    ``beta(free + 1, t) >= length`` (Griewank and Walther), which :func:`reverse_steps` takes."""
-    lf = jnp.asarray(length).astype(jnp.float32)
-    sf = jnp.asarray(free).astype(jnp.float32) + 1.0
-    t = lax.while_loop(lambda t: _beta(sf, t) < lf * (1 - 1e-6), lambda t: t + 1.0, 0.0)
-    return t * lf - _beta(sf + 1.0, t - 1.0)
+    first state, ``r length - beta(free + 2, r - 1)`` with ``r`` as in :func:`_sweeps` (Griewank
+    and Walther), which :func:`reverse_steps` takes."""
+    lf, snaps, r, rng = _sweeps(length, free)
+    return r * lf - jnp.round(rng * r / (snaps + 1.0))  # C(snaps + r, r - 1)
 
 
 def binomial_advance(length, free):
     """How far to advance before taking a checkpoint: revolve's split of ``length`` steps with
     ``free`` slots besides the first state, which takes the fewest forward steps (Griewank and
     Walther's Algorithm 799, its ``advance`` decision, with ``snaps = free + 1``). With ``r``
-    the least such that ``range = beta(snaps, r) >= length``, and ``b1 = beta(snaps, r - 1)``,
+    and ``range = beta(snaps, r)`` as in :func:`_sweeps`, ``b1 = beta(snaps, r - 1)``,
     ``b2 = beta(snaps - 1, r - 1)``, ``b3 = beta(snaps - 2, r - 1)``, ``b4 = beta(snaps, r - 2)``,
     ``b5 = beta(snaps - 3, r)``: ``b4`` if ``length <= b1 + b3``, ``b1`` if
-    ``length >= range - b5``, else ``length - b2 - b3``. In float32, exact below 2^24 (beyond,
-    the split is near optimal; any split in ``[1, length - 1]`` reverses correctly)."""
+    ``length >= range - b5``, else ``length - b2 - b3`` (near optimal beyond 2^24 steps; any
+    split in ``[1, length - 1]`` reverses correctly)."""
     length = jnp.asarray(length)
-    lf = length.astype(jnp.float32)
-    snaps = jnp.minimum(jnp.asarray(free).astype(jnp.float32), lf) + 1.0
-    # the products below are binomial identities: each division is exact, up to rounding
+    lf, snaps, r, rng = _sweeps(length, free)
+    # binomial identities: each division is exact, up to rounding
     div = lambda a, b: jnp.round(a / jnp.maximum(b, 1.0))
-
-    def grow(c):
-        r, rng = c
-        return r + 1.0, div(rng * (r + 1.0 + snaps), r + 1.0)
-
-    r, rng = lax.while_loop(lambda c: c[1] < lf, grow, (jnp.float32(0), jnp.float32(1)))
     b1 = div(rng * r, snaps + r)
     b2 = jnp.where(snaps > 1, div(b1 * snaps, snaps + r - 1), 1.0)
     b3 = jnp.where(snaps == 1, 0.0, jnp.where(snaps > 2, div(b2 * (snaps - 1), snaps + r - 2), 1.0))

@@ -119,7 +119,7 @@ def _widest(jaxpr, deps) -> int:
         for inner in jex_core.jaxprs_in_params(eqn.params):
             inner = getattr(inner, "jaxpr", inner)
             one_to_one = len(inner.invars) == len(ins)
-            widest = max(widest, _widest(inner, ins if one_to_one else [True] * len(ins)))
+            widest = max(widest, _widest(inner, ins if one_to_one else [True] * len(inner.invars)))
     return widest
 
 
