@@ -415,9 +415,9 @@ def test_recurrence_gradient_under_vmap():
 
 
 def test_spectral_radius_refresh_under_vmap_equals_each_member():
-    """Under vmap the members' estimates age differently (rejections differ): a step refreshes
-    the estimate of the members due and keeps the others' (the branch runs when any member is
-    due), exactly as each member's step alone does."""
+    """Under vmap the members' estimates age differently (rejections differ): an accepted step
+    and the hook after it (what a loop does) refresh the estimate of the members due and keep
+    the others' (the branch runs when any member is due), exactly as each member alone does."""
     f, _, x = heat(24)
     solver = og.ROCK2(rho_every=3)
     y0s = jnp.stack([smooth_y0(x), 0.5 * smooth_y0(x) ** 2])
@@ -426,7 +426,12 @@ def test_spectral_radius_refresh_under_vmap_equals_each_member():
     f0, rho, v, age = states
     # member 0 stale (not due), member 1 due; rho set off the truth so a refresh shows
     states = (f0, 0.5 * rho, v, jnp.asarray([0.0, 2.0], age.dtype))
-    step = lambda y, a_, st: solver.step(f, 0.0, 1e-4, y, a_, st)
+
+    def step(y, a_, st):
+        res = solver.step(f, 0.0, 1e-4, y, a_, st)
+        st1, _ = solver.after_step(f, 1e-4, res.y1, a_, res.state, True, False)
+        return res._replace(state=st1)
+
     batched = jax.jit(jax.vmap(step))(y0s, a, states)
     one = jax.jit(step)  # (one compile for both members)
     for i in range(2):
@@ -480,8 +485,7 @@ def test_rejection_refreshes_a_stale_spectral_radius(solver, monkeypatch):
     """Stiffness that grows in time (``y' = (1 + a t^2) A y``) outruns an estimate refreshed
     every 25 steps: after a rejection the estimate is refreshed where the retry starts (as
     ``rkc.f`` does), which saves rejected steps and evaluations; the solution matches
-    ``expm``. Without the refresh (the base hook) it takes several times the rejections."""
-    from odegrad.solvers.base import AbstractSolver
+    ``expm``. Without the refresh after rejections it takes several times the rejections."""
     from odegrad.solvers.stabilized import _Stabilized
 
     f, a_mat, x = heat(32)
@@ -496,35 +500,53 @@ def test_rejection_refreshes_a_stale_spectral_radius(solver, monkeypatch):
         return int(sol.stats["rejected"]), int(sol.stats["rhs_evals"])
 
     refreshed = run()
-    monkeypatch.setattr(_Stabilized, "after_rejection", AbstractSolver.after_rejection)
+
+    # the hook without its rejection rule: a refresh every rho_every accepted steps only
+    def every_25(self, f, t, y, args, state, accepted, rejected):
+        return after_step(self, f, t, y, args, state, accepted, False)
+
+    after_step = _Stabilized.after_step
+    monkeypatch.setattr(_Stabilized, "after_step", every_25)
     stale = run()
     assert 2 * refreshed[0] < stale[0], (refreshed, stale)
     assert refreshed[1] < 0.8 * stale[1], (refreshed, stale)
 
 
-def test_after_rejection_refreshes_only_stale_rejected_members():
+def test_after_step_refreshes_stale_estimates_only():
     """The hook re-estimates ``rho`` for members rejected with an estimate made elsewhere
-    (``age > 0``), keeps it for the others, and counts the JVPs; under vmap per member."""
+    (``age > 0``) and for accepted members whose estimate turns ``rho_every`` steps old, keeps
+    it for the others (counting their age), and counts the JVPs; under vmap per member."""
     f, _, x = heat(24)
-    solver = og.ROCK2()
+    solver = og.ROCK2(rho_every=5)
     y0 = smooth_y0(x)
     f0, rho, v, age = solver.init(f, 0.0, y0, 1.0)
     off = (f0, 0.5 * rho, v, jnp.asarray(3.0, age.dtype))
-    fresh, n = solver.after_rejection(f, 0.0, y0, 1.0, off, jnp.asarray(True))
+
+    def hook(state, accepted, rejected, f=f, a=1.0):
+        return solver.after_step(f, 0.0, y0, a, state, jnp.asarray(accepted), jnp.asarray(rejected))
+
+    fresh, n = hook(off, False, True)
     assert int(n) == solver.power_iters and float(fresh[3]) == 0.0
     np.testing.assert_allclose(fresh[1], rho, rtol=0.05)  # one warm-started iteration more
     for state, rejected in ((off, False), ((f0, 0.5 * rho, v, 0.0 * age), True)):
-        kept, n = solver.after_rejection(f, 0.0, y0, 1.0, state, jnp.asarray(rejected))
+        kept, n = hook(state, False, rejected)
         assert int(n) == 0 and float(kept[1]) == float(0.5 * rho)
+        assert float(kept[3]) == float(state[3])
+    # accepted: one step older, and refreshed once rho_every (5) steps old
+    older, n = hook(off, True, False)
+    assert int(n) == 0 and float(older[1]) == float(0.5 * rho) and float(older[3]) == 4.0
+    due, n = hook(older, True, False)
+    assert int(n) == solver.power_iters and float(due[3]) == 0.0
+    np.testing.assert_allclose(due[1], fresh[1], rtol=1e-12)
     stack = lambda *xs: jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
-    states = stack(off, off)
-    hook = lambda st, r: solver.after_rejection(f, 0.0, y0, 1.0, st, r)
-    got, n = jax.vmap(hook)(states, jnp.asarray([True, False]))
-    assert list(np.asarray(n)) == [solver.power_iters, 0]
+    got, n = jax.vmap(hook)(stack(off, off, older), jnp.asarray([False, False, True]),
+                            jnp.asarray([True, False, False]))  # fmt: skip
+    assert list(np.asarray(n)) == [solver.power_iters, 0, solver.power_iters]
     assert float(got[1][0]) == float(fresh[1]) and float(got[1][1]) == float(0.5 * rho)
+    assert list(np.asarray(got[3])) == [0.0, 3.0, 0.0]
     # a breakdown (every product non-finite) keeps the estimate it could not refresh
     broken = lambda t, y, a: f(t, y, a) * jnp.where(a > 0, 1.0, jnp.nan)
-    kept, n = solver.after_rejection(broken, 0.0, y0, -1.0, off, jnp.asarray(True))
+    kept, n = hook(off, False, True, f=broken, a=-1.0)
     assert int(n) == solver.power_iters and float(kept[1]) == float(0.5 * rho)
     np.testing.assert_array_equal(kept[2], v)
 

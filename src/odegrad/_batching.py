@@ -102,6 +102,20 @@ def member_cond(pred, true_fn, false_fn, *operands, differentiable: bool = True)
     return jax.lax.cond(any_member(pred), both, false_fn, *operands)
 
 
+def run_if(pred, fn, operand):
+    """``fn(operand)`` where ``pred`` (an unbatched scalar, see :func:`any_member`), else
+    ``operand`` itself, as a loop of zero or one trip rather than a ``lax.cond``: a conditional
+    copies every array its not-taken branch passes through (XLA gives its result buffers of
+    their own), while a loop that does not run leaves its carry where it is. On a 160^3 field
+    that is a 33 MB copy saved each time ``fn`` is skipped. Not reverse-differentiable: for
+    values no derivative flows through (a spectral-radius estimate).
+
+    Example:
+        >>> rho, v = run_if(any_member(due), lambda c: refresh(*c), (rho, v))
+    """
+    return jax.lax.fori_loop(0, jnp.asarray(pred).astype(jnp.int32), lambda _, c: fn(c), operand)
+
+
 @jax.custom_batching.custom_vmap
 def _batch_probe(x):
     return x

@@ -28,7 +28,7 @@ from ._progress import chunked_scan
 from ._recorders import DenseRows, LoopSetup, Recorder, StepRecord, StepTaken, StepTimes
 from ._saving import SaveAtTimes, SavePlan, SaveSteps, ScanSaves
 from ._solution import Result
-from ._step import adapt_step
+from ._step import Adaptive, adapt_step
 from ._tree import tree_all_finite, tree_bytes, tree_where
 from ._tuning import tuning
 
@@ -76,6 +76,7 @@ def scan_loop(solver, f, args, grid, y0, *, plan: SavePlan, s=1.0, progress=None
         y, st, buf = carry
         dt = x["t1"] - x["t0"]
         res = solver.step(f, x["t0"], dt, y, args, st)
+        st1, hook_evals = solver.after_step(f, x["t0"] + dt, res.y1, args, res.state, True, False)
         out = {}
         if saves is not None:
             step = (y, st, res.dense, s * x["t0"], s * dt)
@@ -85,8 +86,8 @@ def scan_loop(solver, f, args, grid, y0, *, plan: SavePlan, s=1.0, progress=None
         if plan.dense:
             out["dense"] = res.dense
         if res.evals is not None:  # solvers with a run-time stage count report it (stabilized.py)
-            out["evals"] = res.evals
-        return (res.y1, res.state, buf), out
+            out["evals"] = res.evals + hook_evals
+        return (res.y1, st1, buf), out
 
     carry = (y0, st0, None if saves is None else saves.init(grid[0], y0, args))
     if progress is None:
@@ -283,6 +284,8 @@ def while_loop(
     def cond(c):
         return any_member(running(c))
 
+    ratio_sees_y1 = adaptive and type(control).error_ratio is Adaptive.error_ratio
+
     def body(c: LoopState) -> LoopState:
         active = running(c)
         remaining = tau1 - c.t
@@ -293,7 +296,9 @@ def while_loop(
             h = grid_step(c)
         last = h >= remaining
         res = solver.step(f, s * c.t, s * h, c.y, args, c.st)
-        finite = tree_all_finite(res.y1)
+        # Adaptive's own error ratio is nan where y1 is not finite (rms_error_ratio): no pass
+        # of its own over y1 then, and which failure it was is asked only once a solve fails
+        finite = None if ratio_sees_y1 else tree_all_finite(res.y1)
         if adaptive:
             decision = adapt_step(
                 control,
@@ -312,7 +317,16 @@ def while_loop(
             h_next = jnp.where((accept & last) | ~active, c.h, decision.h_next)
             ratio_prev = jnp.where(active, decision.ratio, c.ratio_prev)
             failed = active & decision.underflow
-            failure = jnp.where(finite, Result.step_size_underflow, Result.nonfinite)
+            if finite is None:
+                failure = lax.cond(
+                    any_member(failed),
+                    lambda: jnp.where(
+                        tree_all_finite(res.y1), Result.step_size_underflow, Result.nonfinite
+                    ),
+                    lambda: jnp.asarray(Result.step_size_underflow),
+                )
+            else:
+                failure = jnp.where(finite, Result.step_size_underflow, Result.nonfinite)
         else:
             accept = finite & active
             h_next, ratio_prev = c.h, c.ratio_prev
@@ -340,12 +354,22 @@ def while_loop(
             # an event ends a step early (the next resumes the grid) unless it fell on its end
             on_grid = accept if events is None else accept & ~(ev.fired & (ev.theta < 1))
             grid_k = c.grid_k + on_grid
-        st_kept = c.st
-        if adaptive:  # the solver may revise what a retry starts from (a fresh estimate)
-            st_kept, retry_evals = solver.after_rejection(
-                f, s * c.t, c.y, args, c.st, ~accept & active
-            )
-            evals = evals + retry_evals
+        y_next = tree_where(accept, y1, c.y)
+        # The solver revises the state the next attempt starts from (a fresh spectral-radius
+        # estimate): at the step's end once accepted, where the retry starts once rejected.
+        # After the select, so that what the step passed through is not selected over. The
+        # end as tau + h, as replays compute it (Problem.step); a jump restarts the solver.
+        quiet = accept if events is None else accept & ~ev.fired
+        st_next, hook_evals = solver.after_step(
+            f,
+            s * jnp.where(accept, c.t + h, c.t),
+            y_next,
+            args,
+            tree_where(accept, st1, c.st),
+            quiet,
+            ~accept & active if adaptive else False,
+        )
+        evals = evals + hook_evals
         row = jnp.where(accept, c.acc, max_steps)  # out of range when rejected: no write
         step = StepTaken(c.t, h, t_new, c.y, c.st, res, y_end, accept, row, ev, ev_row)
         t = jnp.where(accept, t_new, c.t)
@@ -354,8 +378,8 @@ def while_loop(
             reported = progress.forward.advance((t - tau0) / (tau1 - tau0), c.reported)
         return LoopState(
             t=t,
-            y=tree_where(accept, y1, c.y),
-            st=tree_where(accept, st1, st_kept),
+            y=y_next,
+            st=st_next,
             h=h_next,
             ratio_prev=ratio_prev,
             n=c.n + active,

@@ -170,7 +170,7 @@ class StepRecord(Recorder):
     #: ``k % dense_rows`` (``"ring"``): a continuous adjoint's block of forward steps
     dense_rows: int | None = None
     #: also which accepted steps followed a rejection (``retried``, every step): a replay
-    #: chaining each step's state into the next applies ``solver.after_rejection`` there, as
+    #: chaining each step's state into the next applies ``solver.after_step`` there, as
     #: the forward loop did, so that it retakes the steps the loop took
     retries: bool = False
 

@@ -214,7 +214,8 @@ def adapt_step(
     """Accept or reject a step of size ``h`` from ``y0`` to ``y1`` and size the next one: the
     one answer to "how is a step accepted" (the loops call nothing else).
 
-    ``e = control.error_ratio(error, y0, y1)`` (``inf`` when ``y1`` or ``e`` is not finite); the
+    ``e = control.error_ratio(error, y0, y1)`` (``inf`` when ``finite`` is false or ``e`` is
+    not finite; ``finite=None`` where ``e`` is nan whenever ``y1`` is not finite); the
     step is accepted when ``e <= 1``; the next step is ``h * control.next_factor(e, e_prev)``,
     at most ``h`` after a rejection (:class:`Adaptive`). ``q``: the embedded order;
     ``prev_floor``: the solver's floor on ``e_prev``; ``h_min``: the smallest step allowed;
@@ -223,7 +224,8 @@ def adapt_step(
     ``control`` may be a wrapper whose ``error_ratio`` sees part of the state (a seminorm).
     """
     ratio = lax.stop_gradient(control.error_ratio(error, y0, y1))
-    ratio = jnp.where(finite & jnp.isfinite(ratio), ratio, jnp.inf)
+    ok = jnp.isfinite(ratio) if finite is None else finite & jnp.isfinite(ratio)
+    ratio = jnp.where(ok, ratio, jnp.inf)
     accept = ratio <= 1
     factor = control.next_factor(ratio, ratio_prev, q, prev_floor, gains)
     h_next = h * jnp.where(accept, factor, jnp.minimum(factor, 1.0))

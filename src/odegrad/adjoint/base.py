@@ -147,25 +147,28 @@ class Problem:
     @property
     def replays_retries(self) -> bool:
         """Whether a replay must know which steps followed a rejection: an adaptive solve with a
-        solver that revises its state after one (``AbstractSolver.after_rejection``)."""
+        solver that revises its state after a step (``AbstractSolver.after_step``)."""
         from .._loop import RuntimeGrid
         from ..solvers.base import AbstractSolver
 
-        hook = type(self.solver).after_rejection
+        hook = type(self.solver).after_step
         adaptive = self.grid is None and not isinstance(self.control, RuntimeGrid)
-        return adaptive and hook is not AbstractSolver.after_rejection
+        return adaptive and hook is not AbstractSolver.after_step
 
     def step(self, tau, h, y, args, state, retried=None):
         """One solver step from forward time ``tau`` with forward-time size ``h``. Adjoints
         replay steps: ``state`` and the result's state are what they checkpoint
-        (``solver.compact_state``). ``retried``: the step followed a rejection (a
-        ``StepRecord(retries=True)`` row), so the forward loop had revised ``state`` with
-        ``solver.after_rejection`` first (a no-op on a state checkpointed after it)."""
+        (``solver.compact_state``), revised by ``solver.after_step`` as the forward loop
+        revised it once the step was accepted. ``retried``: the step followed a rejection (a
+        ``StepRecord(retries=True)`` row), so the loop had revised ``state`` after that
+        rejection first (a no-op on a state checkpointed after it)."""
         s, solver = self.direction, self.solver
         if retried is not None:
-            state = solver.after_rejection(self.f, s * tau, y, args, state, retried)[0]
+            state = solver.after_step(self.f, s * tau, y, args, state, False, retried)[0]
         res = solver.step(self.f, s * tau, s * h, y, args, state)
-        return res._replace(state=solver.compact_state(res.state))
+        # the end as the loop computes it (tau + h), so that a refresh sees the same time
+        state = solver.after_step(self.f, s * (tau + h), res.y1, args, res.state, True, False)[0]
+        return res._replace(state=solver.compact_state(state))
 
     def init_state(self, y, args, tau=None):
         """The solver's carried state at ``(tau, y)`` (default: the start), as adjoints

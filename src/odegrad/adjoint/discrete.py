@@ -127,7 +127,7 @@ def _checkpointed(problem: Problem, checkpoints, keep_state: bool) -> LoopOutput
         states=store_all or prefix,
         solver_states=store_all or (prefix and keep_state),
         rows=int(checkpoints) if prefix else None,
-        # every step's solver state kept as the loop left it (after_rejection applied): only
+        # every step's solver state kept as the loop left it (after_step applied): only
         # a replay that recomputes states from checkpoints needs the flags
         retries=problem.replays_retries and not store_all,
     )

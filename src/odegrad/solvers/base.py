@@ -89,13 +89,19 @@ class AbstractSolver(abc.ABC):
         ``None`` (no limit; the default). The adaptive loop clips its proposed steps to it."""
         return None
 
-    def after_rejection(self, f, t, y, args, state, rejected):
-        """``(state, evals)``: the carried state a retry from ``(t, y)`` starts from after the
-        members ``rejected`` (a bool, batched under vmap) had their step rejected, and the
-        right-hand-side evaluations spent on it. The default keeps ``state`` (no evaluations);
-        the stabilised methods re-estimate a stale spectral radius here. It must leave a state
-        it returned unchanged when applied again: replays re-apply it to every step that
-        followed a rejection, also to states checkpointed after it (``Problem.step``)."""
+    def after_step(self, f, t, y, args, state, accepted, rejected):
+        """``(state, evals)``: the carried state the next attempt starts from at ``(t, y)``,
+        and the right-hand-side evaluations spent on it, after the members ``accepted`` had
+        their step accepted (``(t, y)`` its end, ``state`` the step's own) or ``rejected``
+        (``(t, y)`` where the retry starts, ``state`` the one the rejected step started from);
+        bools, batched under vmap, both false for a member that did not step. The default keeps
+        ``state`` (no evaluations); the stabilised methods refresh their spectral-radius
+        estimate here. The loops call it once per attempt, after choosing between the step's
+        state and the old one, so a part of the state that :meth:`step` passes through costs
+        no select; replays (``Problem.step``) call it after every step they retake and, with
+        ``rejected``, before each that followed a rejection. Applied again with ``rejected`` to
+        a state it returned that way, it must leave it unchanged: checkpoints keep states
+        after it."""
         return state, 0
 
     def compact_state(self, state):

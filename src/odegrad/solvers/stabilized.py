@@ -14,7 +14,7 @@ safety factor. The estimate is reused for ``rho_every = 25`` accepted steps and 
 warm-started from the last vector, as RKC does (``nstsig = mod(nstsig+1, 25)`` in Sommeijer's
 ``rkc.f``): per step the iteration costs a Jacobian-vector product, a stencil pass as dear as a
 stage. After a rejected step it is refreshed where the retry starts unless it was made there
-(``rkc.f``'s ``newspc = .not. jacatt``; :meth:`_Stabilized.after_rejection`, the loops' hook):
+(``rkc.f``'s ``newspc = .not. jacatt``; :meth:`_Stabilized.after_step`, the loops' hook):
 stiffness that grows between refreshes then costs one JVP instead of a run of rejections. The
 stage count is a discrete choice made under ``lax.stop_gradient``: no derivative flows through
 ``rho``.
@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._batching import any_member
+from .._batching import any_member, run_if
 from .._tree import tree_where
 from . import _rock_coefficients as _rc
 from ._recurrence import _lc, _like, _sg, two_step_recurrence
@@ -280,44 +280,37 @@ class _Stabilized(AbstractSolver):
         t1 = t0 + dt
         f1 = f(t1, y1, args)
         error = err_of(f1)
-        rho1, v1, age1, power_evals = self._next_rho(f, t1, y1, args, rho, v, age)
-        evals = (n_evals + 1 + power_evals).astype(jnp.int32)
-        return StepResult(y1, error, (y0, y1, f0, f1, dt), (f1, rho1, v1, age1), evals)
+        # (rho, v, age) pass through unchanged: after_step revises them once the step is
+        # accepted or rejected, so a loop that keeps the old state costs no select over v
+        evals = (n_evals + 1).astype(jnp.int32)
+        return StepResult(y1, error, (y0, y1, f0, f1, dt), (f1, rho, v, age), evals)
 
-    def _refreshed(self, f, t, y, args, rho, v, due):
-        """``(rho, v)`` re-estimated at ``(t, y)`` for the members ``due``, kept for the others
-        (under vmap the branch runs when any member is due: a batched predicate would run the
-        power iteration for every member on every step)."""
+    def after_step(self, f, t, y, args, state, accepted, rejected):
+        """The spectral radius for the next attempt from ``(t, y)``. With a user's bound, its
+        value there once a step is accepted. With the power iteration, a refresh (warm-started,
+        ``power_iters`` JVPs) once the estimate is ``rho_every`` accepted steps old, and after
+        a rejection unless the estimate was made where the retry starts (``age`` 0), as
+        ``rkc.f`` does (``newspc = .not. jacatt``): a rejection often means ``rho`` has grown
+        since. The retry's step cap (:meth:`max_step`) and stage count then use it."""
+        f0, rho, v, age = state
+        if self.spectral_radius is not None:
+            bound = self._rho(f, t, y, args, None, 0)[0]
+            return (f0, jnp.where(accepted, bound, rho), v, age), 0
+        due = (accepted & (age + 1 >= self.rho_every)) | (rejected & (age > 0))
+        t, y, args = _sg((t, y, args))
 
-        def fresh():
+        def refresh(carry):
+            rho, v = carry
             rho_n, v_n = self._rho(f, t, y, args, v, self.power_iters)
             # a breakdown (every product zero or non-finite) gives rho_n = 0: keep the estimate
             ok = due & (rho_n > 0)
             return jnp.where(ok, rho_n, rho), tree_where(ok, v_n, v)
 
-        return lax.cond(any_member(due), fresh, lambda: (rho, v))
-
-    def _next_rho(self, f, t1, y1, args, rho, v, age):
-        """The next step's ``(rho, v, age)`` and the evaluations spent: the user's bound at
-        ``(t1, y1)``, or the carried estimate, refreshed once it is ``rho_every`` steps old."""
-        if self.spectral_radius is not None:
-            return *self._rho(f, t1, y1, args, v, 0), age, 0
-        due = age + 1 >= self.rho_every
-        rho1, v1 = self._refreshed(f, t1, y1, args, rho, v, due)
-        age1 = jnp.where(due, 0, age + 1).astype(age.dtype)
-        return rho1, v1, age1, jnp.where(due, self.power_iters, 0)
-
-    def after_rejection(self, f, t, y, args, state, rejected):
-        """After a rejected step, the power-iteration estimate is refreshed at ``(t, y)`` unless
-        it was made there (``age`` 0), as ``rkc.f`` does (``newspc = .not. jacatt``): a
-        rejection often means ``rho`` has grown since. The retry's step cap
-        (:meth:`max_step`) and stage count then use the new estimate."""
-        if self.spectral_radius is not None:
-            return state, 0
-        f0, rho, v, age = state
-        due = rejected & (age > 0)
-        rho, v = self._refreshed(f, t, y, args, rho, v, due)
-        age = jnp.where(due, 0, age).astype(age.dtype)
+        # under vmap it runs when any member is due (a batched predicate would run the power
+        # iteration for every member on every step); a loop of at most one trip, so that v is
+        # not copied on the steps that keep it (run_if)
+        rho, v = run_if(any_member(due), refresh, _sg((rho, v)))
+        age = jnp.where(due, 0, jnp.where(accepted, age + 1, age)).astype(age.dtype)
         return (f0, rho, v, age), jnp.where(due, self.power_iters, 0)
 
     def interpolate(self, dense, theta):
@@ -549,10 +542,15 @@ class ROCK2(_ROCK):
         tdt = jnp.result_type(dt)
         c1 = jnp.asarray([fp1[d] for d in self.degrees], tdt)[idx]
         c2 = jnp.asarray([fp2[d] for d in self.degrees], tdt)[idx]
-        xs = ((c1 + c2)[None], (-c2 / c1)[None])
-        # (n = min(ms, 1) = 1, but traced: XLA keeps the one-trip loop, and with it the fence)
-        _, (y1, _) = two_step_recurrence(
-            _orthogonal_stage(f), (u, t), (ua, ta), (dt, args), None, xs, jnp.minimum(ms, 1)
+        # The last stage in a conditional that is always taken (ms >= 1): its output is
+        # materialised before f(t1, y1)'s stencil reads it (fused there, it would be recomputed
+        # per neighbour) and, unlike a one-trip loop (three copies of a field per step), reads
+        # u and ua where they are
+        x_last = (c1 + c2, -c2 / c1)
+        y1, _ = lax.cond(
+            any_member(ms > 0),
+            lambda: _orthogonal_stage(f)((ua, ta), (u, t), x_last, (dt, args), None),
+            lambda: jax.tree.map(jnp.zeros_like, (ua, ta)),
         )
         # the embedded estimate d2 (k2 - k1) = d2 / (d1 + d2) (y1 - 2 u1 + u)
         err = _lc((c2 / (c1 + c2), y1), (-2.0 * c2 / (c1 + c2), ua), (c2 / (c1 + c2), u))
