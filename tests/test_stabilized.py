@@ -400,6 +400,40 @@ def test_rock2_adaptive_discrete_recomputes_state_from_y(checkpoints):
     np.testing.assert_allclose(jnp.vdot(got[1], v), ref_v, rtol=1e-9)
 
 
+def test_one_stage_recurrence_runs_that_stage_or_none():
+    """``two_step_recurrence`` with room for one stage (ROCK2's last, a conditional rather than a
+    loop): ``n = 1`` takes the stage, ``n = 0`` returns the input pair; values, a VJP and a JVP
+    against the stage written out."""
+    from odegrad.solvers.stabilized import two_step_recurrence
+
+    def stage(u1, u2, x, theta, _):
+        return x * theta * jnp.sin(u1) + 1.5 * u1 - 0.5 * u2
+
+    xs = jnp.asarray([0.7])
+    p0, c0, th = jnp.linspace(0.0, 1.0, 5), jnp.linspace(1.0, 2.0, 5), jnp.asarray(0.3)
+
+    def pair(p, c, th, n):
+        return two_step_recurrence(stage, p, c, th, None, xs, n)
+
+    ct = (jnp.arange(5.0), jnp.arange(5.0) ** 2)
+    for n, want in (
+        (1, lambda p, c, th: (c, stage(c, p, 0.7, th, None))),
+        (0, lambda p, c, th: (p, c)),
+    ):
+        run = jax.jit(lambda p, c, th, n=n: pair(p, c, th, jnp.asarray(n)))
+        for got, exp in zip(run(p0, c0, th), want(p0, c0, th), strict=True):
+            np.testing.assert_allclose(got, exp, rtol=1e-14)
+        got = jax.vjp(run, p0, c0, th)[1](ct)
+        exp = jax.vjp(want, p0, c0, th)[1](ct)
+        for a, b in zip(got, exp, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+        tangents = (jnp.ones(5), jnp.linspace(-1.0, 1.0, 5), jnp.asarray(2.0))
+        got = jax.jvp(run, (p0, c0, th), tangents)[1]
+        exp = jax.jvp(want, (p0, c0, th), tangents)[1]
+        for a, b in zip(got, exp, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+
+
 @pytest.mark.slow
 def test_recurrence_gradient_under_vmap():
     f, _, x = heat(16)

@@ -20,6 +20,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from .._batching import any_member
 from .._tree import is_inexact_array, tree_bytes
 from .._tuning import tuning
 
@@ -149,6 +150,18 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
         return jax.tree.map(lambda a: a[i], xs)
 
     def plain(prev, cur, thd, cs, xs, n):
+        if n_max == 1:
+            # One stage at most: a conditional, whose output XLA materialises as a loop's (the
+            # fence) without the three copies a one-trip loop of a shifting pair makes; its
+            # first output, passed through, is dropped by XLA where the caller does not read it
+            return lax.cond(
+                any_member(n > 0),
+                lambda: (cur, call(cur, prev, x_at(xs, 0), thd, cs)),
+                # (prev, cur) as a value of its own (n is 0 here): a branch that passes an
+                # operand through makes XLA copy the other branch's stage output
+                lambda: (prev, jax.tree.map(lambda x: jnp.where(n > 0, 0, x).astype(x.dtype), cur)),
+            )
+
         def body(i, c):
             p, q = c
             return q, call(q, p, x_at(xs, i), thd, cs)

@@ -542,15 +542,10 @@ class ROCK2(_ROCK):
         tdt = jnp.result_type(dt)
         c1 = jnp.asarray([fp1[d] for d in self.degrees], tdt)[idx]
         c2 = jnp.asarray([fp2[d] for d in self.degrees], tdt)[idx]
-        # The last stage in a conditional that is always taken (ms >= 1): its output is
-        # materialised before f(t1, y1)'s stencil reads it (fused there, it would be recomputed
-        # per neighbour) and, unlike a one-trip loop (three copies of a field per step), reads
-        # u and ua where they are
-        x_last = (c1 + c2, -c2 / c1)
-        y1, _ = lax.cond(
-            any_member(ms > 0),
-            lambda: _orthogonal_stage(f)((ua, ta), (u, t), x_last, (dt, args), None),
-            lambda: jax.tree.map(jnp.zeros_like, (ua, ta)),
+        xs = ((c1 + c2)[None], (-c2 / c1)[None])
+        # (n = min(ms, 1) = 1, traced: the one stage is a conditional, see two_step_recurrence)
+        _, (y1, _) = two_step_recurrence(
+            _orthogonal_stage(f), (u, t), (ua, ta), (dt, args), None, xs, jnp.minimum(ms, 1)
         )
         # the embedded estimate d2 (k2 - k1) = d2 / (d1 + d2) (y1 - 2 u1 + u)
         err = _lc((c2 / (c1 + c2), y1), (-2.0 * c2 / (c1 + c2), ua), (c2 / (c1 + c2), u))
