@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU check (the steps' limits add up to 540 s; ~7 minutes on an H200): the three
 # seed scenarios and the benchmarks that answer issues #12 and #15, with absolute times, T_eff
-# against the device's own large copy, the gradient/forward ratio, and the neural-ODE table
-# against diffrax.
+# against the device's own large copy, the gradient/forward ratio, where a solve's time goes
+# kernel by kernel (kernel_profile.py), and the neural-ODE table against diffrax.
 # Installs nothing beyond the project itself (no network there): run from the repo root,
 #   bash benchmarks/gpu_check.sh            # on the lent GPU machine
 #   SMALL=1 bash benchmarks/gpu_check.sh    # tiny sizes: a dry run of every step on CPU
@@ -37,12 +37,14 @@ for argv in (['examples/mixed_state_gpu.py', '--quick'], ['examples/diffusion3d.
              ['examples/wave_scan_parity.py', '--n', '$WN', '--steps', '$WSTEPS']):
     print('##', *argv); sys.argv = argv; runpy.run_path(argv[0], run_name='__main__')
 "
-step 150 neural python3 benchmarks/neural_ode.py --batches "$BATCHES" --variants vmap,stacked \
+step 125 neural python3 benchmarks/neural_ode.py --batches "$BATCHES" --variants vmap,stacked \
     --stacked-batch "$STACK" --adjoints "${ADJOINTS:-auto,interpolating,backsolve}" --no-diffrax-backsolve \
     --rounds 5 --number 3 --budget 5 --compile-reps 1
-step 130 diffusion python3 benchmarks/diffusion3d.py --sizes "$N3" --no-diffrax --rounds 3
-step 45 stage64 python3 benchmarks/stage_vjp.py "$NB" float64 --grad --rounds 5
-step 35 stage32 python3 benchmarks/stage_vjp.py "$NB" float32 --grad --rounds 5
-step 60 wave python3 benchmarks/wave_scan_parity.py --n "$WN" --steps "$WSTEPS" --rounds 3
-step 30 lv python3 benchmarks/lotka_volterra.py --quick --no-torch
+step 120 diffusion python3 benchmarks/diffusion3d.py --sizes "$N3" --no-diffrax --rounds 3
+step 70 profile bash -c "for a in 'fixed' 'adaptive' 'fixed grad'; do
+    python3 benchmarks/kernel_profile.py $N3 float64 \$a --top 16; done"
+step 40 stage64 python3 benchmarks/stage_vjp.py "$NB" float64 --grad --rounds 5
+step 30 stage32 python3 benchmarks/stage_vjp.py "$NB" float32 --grad --rounds 5
+step 45 wave python3 benchmarks/wave_scan_parity.py --n "$WN" --steps "$WSTEPS" --rounds 3
+step 20 lv python3 benchmarks/lotka_volterra.py --quick --no-torch
 echo "log: $log"
