@@ -477,6 +477,32 @@ def test_spectral_radius_refresh_under_vmap_equals_each_member():
     assert new_rho[1] != 0.5 * rho[1] and new_age[1] == 0  # refreshed
 
 
+def test_adaptive_solve_under_vmap_equals_each_member_alone():
+    """A batch whose members reject different steps (stiffness growing at different rates):
+    the loop refreshes each member's estimate after its own rejections and accepted steps
+    (``after_step`` once per attempt), so every member takes the steps, rejections and
+    evaluations it takes alone and ends at the same state."""
+    f, _, x = heat(40)
+    y0 = smooth_y0(x) + 0.2 * jnp.sin(8 * jnp.pi * jnp.asarray(x))
+    g = lambda t, y, a: (1 + a * t**2) * f(t, y, 1.0)
+
+    def solve(a):
+        sol = og.solve(g, y0, (0.0, 0.05), a, solver=og.ROCK2(rho_every=3),
+                       step=og.Adaptive(1e-6, 1e-8))  # fmt: skip
+        return sol.ys[-1], sol.stats["rejected"], sol.stats["rhs_evals"]
+
+    a = jnp.asarray([0.0, 4e5])
+    batch = jax.jit(jax.vmap(solve))(a)
+    one = jax.jit(solve)
+    rejected = []
+    for i in range(2):
+        y1, rej, evals = one(a[i])
+        np.testing.assert_allclose(batch[0][i], y1, rtol=1e-12, atol=1e-14)
+        assert int(batch[1][i]) == int(rej) and int(batch[2][i]) == int(evals)
+        rejected.append(int(rej))
+    assert rejected[1] > rejected[0]  # the members did reject differently
+
+
 def test_float32_state_with_float64_step_under_x64():
     """A float32 state and times with a Python-float step under x64 (as the continuous
     adjoints probe the dense output): the recurrence keeps its carried dtypes."""
