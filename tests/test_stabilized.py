@@ -432,6 +432,11 @@ def test_one_stage_recurrence_runs_that_stage_or_none():
         exp = jax.jvp(want, (p0, c0, th), tangents)[1]
         for a, b in zip(got, exp, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+    # under vmap, members that take the stage and members that do not: each its own pair
+    both = jax.jit(jax.vmap(lambda n: pair(p0, c0, th, n)))(jnp.asarray([0, 1]))
+    for got, exp in zip(both, ((p0, c0), (c0, stage(c0, p0, 0.7, th, None))), strict=True):
+        np.testing.assert_allclose(got[0], exp[0], rtol=1e-14)
+        np.testing.assert_allclose(got[1], exp[1], rtol=1e-14)
 
 
 @pytest.mark.slow
@@ -609,6 +614,18 @@ def test_after_step_refreshes_stale_estimates_only():
     kept, n = hook(off, False, True, f=broken, a=-1.0)
     assert int(n) == solver.power_iters and float(kept[1]) == float(0.5 * rho)
     np.testing.assert_array_equal(kept[2], v)
+
+
+def test_a_solver_defining_the_removed_after_rejection_hook_fails_loudly():
+    """``after_rejection`` became ``after_step``; a subclass that still defines the old hook
+    would never be called, so defining it is an error that names the replacement."""
+    from odegrad.solvers.base import AbstractSolver
+
+    with pytest.raises(TypeError, match=r"after_step\(f, t, y, args, state, accepted"):
+
+        class Old(AbstractSolver):
+            def after_rejection(self, f, t, y, args, state, rejected):
+                return state, 0
 
 
 def test_power_iteration_restarts_from_a_broken_vector_and_keeps_float32_in_range():

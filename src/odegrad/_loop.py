@@ -85,8 +85,9 @@ def scan_loop(solver, f, args, grid, y0, *, plan: SavePlan, s=1.0, progress=None
             out["y"] = plan.fn(s * x["t1"], res.y1, args)
         if plan.dense:
             out["dense"] = res.dense
-        if res.evals is not None:  # solvers with a run-time stage count report it (stabilized.py)
-            out["evals"] = res.evals + hook_evals
+        # solvers with a run-time stage count report it (stabilized.py), hooks their own
+        if res.evals is not None or not (isinstance(hook_evals, int) and hook_evals == 0):
+            out["evals"] = (solver.step_evals if res.evals is None else res.evals) + hook_evals
         return (res.y1, st1, buf), out
 
     carry = (y0, st0, None if saves is None else saves.init(grid[0], y0, args))

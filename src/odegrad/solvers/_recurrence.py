@@ -1,7 +1,8 @@
 """The stage loop of the stabilised methods, differentiable though its length is a run-time value.
 
 :func:`two_step_recurrence` runs ``u_i = stage(u_{i-1}, u_{i-2}, ...)`` for the stages a step
-really takes, in a ``lax.fori_loop`` (two stages per trip, every state a loop output), with its
+really takes, in a ``lax.fori_loop`` (two stages per trip, every state a loop output; a
+conditional where the table has room for one stage), with its
 own derivative rules: a ``jax.custom_jvp`` whose tangent is a linear map with a hand-written
 transpose. Forward mode runs the tangent recurrence; reverse mode runs the transposed recurrence,
 stage ``n`` down to 1: for up to ``Tuning.kept_stages`` stages as straight-line code that reads the
@@ -20,7 +21,7 @@ import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from .._batching import any_member
+from .._batching import any_member, member_where
 from .._tree import is_inexact_array, tree_bytes
 from .._tuning import tuning
 
@@ -153,10 +154,14 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
         if n_max == 1:
             # One stage at most: a conditional, whose output XLA materialises as a loop's (the
             # fence) without the three copies a one-trip loop of a shifting pair makes; its
-            # first output, passed through, is dropped by XLA where the caller does not read it
+            # first output, passed through, is dropped by XLA where the caller does not read it.
+            # Under vmap the stage runs when any member takes it, and each member keeps its own
+            # pair (member_where: nothing outside vmap)
             return lax.cond(
                 any_member(n > 0),
-                lambda: (cur, call(cur, prev, x_at(xs, 0), thd, cs)),
+                lambda: member_where(
+                    n > 0, (cur, call(cur, prev, x_at(xs, 0), thd, cs)), (prev, cur)
+                ),
                 # (prev, cur) as a value of its own (n is 0 here): a branch that passes an
                 # operand through makes XLA copy the other branch's stage output
                 lambda: (prev, jax.tree.map(lambda x: jnp.where(n > 0, 0, x).astype(x.dtype), cur)),

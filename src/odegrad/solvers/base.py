@@ -18,7 +18,9 @@ class StepResult(NamedTuple):
         error: the local error estimate (same structure as ``y1``), or ``None``.
         dense: whatever :meth:`AbstractSolver.interpolate` needs for this step (includes ``y0``,
             ``y1`` and ``dt`` as the solver sees fit).
-        state: the solver's carried state (e.g. the first-same-as-last stage) for the next step.
+        state: the solver's carried state (e.g. the first-same-as-last stage) for the next step,
+            before :meth:`AbstractSolver.after_step` revises it: whoever chains steps applies
+            that hook (the loops, ``Problem.step``).
         evals: optional integer count of right-hand-side evaluations this step really made, for
             solvers whose count varies at run time (the stabilised methods); ``None`` means
             :attr:`AbstractSolver.step_evals`. The loops sum it into ``stats["rhs_evals"]``.
@@ -42,6 +44,17 @@ class AbstractSolver(abc.ABC):
     order: int
     embedded_order: int | None = None
     partitioned: bool = False
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if "after_rejection" in vars(cls):  # a hook the loops no longer call: fail, not ignore
+            raise TypeError(
+                f"{cls.__name__} defines after_rejection(f, t, y, args, state, rejected), which "
+                "the loops no longer call: define after_step(f, t, y, args, state, accepted, "
+                "rejected) instead (the state the next attempt starts from, after a step "
+                "that was accepted or rejected)."
+            )
+
     #: floor on the previous error ratio in the step-size controller (see ``og.Adaptive``)
     prev_ratio_floor: float = 1e-2
     #: ``(pcoeff, icoeff)`` of the step-size controller where ``og.Adaptive`` leaves them ``None``

@@ -43,8 +43,9 @@ solve fails with ``Result.nonfinite`` (an error with ``throw=True``).
 The carried state is ``(f(t, y), rho, v, age)`` (``age``: accepted steps since ``rho`` was
 estimated); ``f(t1, y1)`` is the next step's first stage and the
 end slope of the cubic Hermite dense output. Each step reports the right-hand-side evaluations
-it really made (stages, the closing ``f(t1, y1)`` and the power-iteration JVPs, one each) as
-``StepResult.evals``; the loops sum it into ``sol.stats["rhs_evals"]``.
+it really made (stages and the closing ``f(t1, y1)``) as ``StepResult.evals``, and
+:meth:`_Stabilized.after_step` those of a refresh (one per power-iteration JVP); the loops sum
+both into ``sol.stats["rhs_evals"]``.
 """
 
 from __future__ import annotations
