@@ -36,7 +36,7 @@ _HOST = ("PjitFunction", "CommonPjRt", "ThunkExecutor", "$", "SlinkyThreadPool",
 
 def kind(name: str) -> str:
     """``multiply_add_fusion.12`` / ``loop_multiply_add_fusion_3`` -> ``multiply_add_fusion``."""
-    name = re.sub(r"[._]\d+(\.clone)?$", "", name)
+    name = re.sub(r"([._]\d+)?(\.clone)*([._]\d+)?$", "", name)
     return re.sub(r"^(loop|input)_", "", name)
 
 
