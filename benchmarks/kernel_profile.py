@@ -5,6 +5,7 @@ thunks, or the GPU's kernels), with each kind's count and the bytes a pass over 
     python benchmarks/kernel_profile.py 160 float64 fixed
     python benchmarks/kernel_profile.py 160 float64 adaptive grad
     python benchmarks/kernel_profile.py 256 float32 fixed grad --top 25
+    python benchmarks/kernel_profile.py 16 float64 adaptive grad --tol 1e-6 --adjoint interpolating
 
 A kind is a kernel's name without its numeric suffix (``multiply_add_fusion.12`` and
 ``loop_multiply_add_fusion_3`` count under ``multiply_add_fusion``); containers (``while``,
@@ -30,6 +31,12 @@ import jax.numpy as jnp
 import odegrad as og
 from odegrad.problems import diffusion3d
 
+_ADJOINTS = {
+    "auto": og.Auto,
+    "discrete": og.Discrete,
+    "interpolating": og.Interpolating,
+    "quadrature": og.Quadrature,
+}
 _CONTAINERS = ("while", "cond", "conditional", "call")
 _HOST = ("PjitFunction", "CommonPjRt", "ThunkExecutor", "$", "SlinkyThreadPool", "end: ")
 
@@ -74,14 +81,23 @@ def main(argv=None):
     ap.add_argument("steps", choices=["fixed", "adaptive"])
     ap.add_argument("what", nargs="?", default="forward", choices=["forward", "grad"])
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--tol", type=float, default=1e-4, help="rtol = atol of adaptive steps")
+    ap.add_argument(
+        "--adjoint",
+        default="auto",
+        choices=list(_ADJOINTS),
+        help="the gradient's adjoint (default og.Auto(); seed 001's example: interpolating)",
+    )
     a = ap.parse_args(argv)
     if a.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     p = diffusion3d(a.n, dtype=getattr(jnp, a.dtype))
-    step = og.Adaptive(rtol=1e-4, atol=1e-4) if a.steps == "adaptive" else og.Fixed(p.t1 / 4)
+    step = og.Adaptive(rtol=a.tol, atol=a.tol) if a.steps == "adaptive" else og.Fixed(p.t1 / 4)
+    adjoint = _ADJOINTS[a.adjoint]()
 
     def forward(T0, pars):
-        return og.solve(p.rhs, T0, (0.0, p.t1), pars, solver=og.ROCK2(), step=step).ys[-1]
+        sol = og.solve(p.rhs, T0, (0.0, p.t1), pars, solver=og.ROCK2(), step=step, adjoint=adjoint)
+        return sol.ys[-1]
 
     def loss(T0, pars):
         return jnp.sum(forward(T0, pars) ** 2)
@@ -102,12 +118,13 @@ def main(argv=None):
     field_mb = a.n**3 * jnp.dtype(a.dtype).itemsize / 2**20
     leaf = sum(v for k, v in times.items() if not k.startswith("["))
     print(
-        f"## {a.n}^3 {a.dtype}, ROCK2 {a.steps} steps, {a.what} ({jax.devices()[0].device_kind}); "
+        f"## {a.n}^3 {a.dtype}, ROCK2 {a.steps} steps, {a.what} with {a.adjoint} "
+        f"({jax.devices()[0].device_kind}); "
         f"a field is {field_mb:.1f} MiB"
     )
     print(
-        f"wall {1e3 * min(walls):.2f} ms (best of 3, untraced); kernels sum to "
-        f"{leaf / 1e3:.2f} ms in the traced call\n"
+        f"wall {1e3 * min(walls):.2f} ms (best of 3, untraced); {sum(counts.values())} kernels "
+        f"sum to {leaf / 1e3:.2f} ms in the traced call\n"
     )
     print("| kernel kind | time | count | per call |")
     print("|---|--:|--:|--:|")
