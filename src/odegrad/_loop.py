@@ -50,6 +50,7 @@ class LoopOutput(NamedTuple):
     accumulated: Any = None
     events: Any = None  # an EventLog (real time), when the solve has events
     h: Any = None  # adaptive: the step size the controller would try next (in tau)
+    resume: Any = None  # with while_loop(resume=...): solver.resume_state of the final state
 
 
 def _unroll(n_steps: int, y0) -> int:
@@ -181,15 +182,16 @@ class LoopState(NamedTuple):
     records: tuple = ()  # one carry per recorder
 
 
-def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, h_guess=None):
-    """The first step size to try, rhs evaluations of the start, and the smallest step.
+def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_guess=None):
+    """The first step size to try, rhs evaluations of the start (``st_evals`` those of the
+    solver's state), and the smallest step.
 
     ``h_guess``: a step size carried over from a solve that ended where this one starts (the
     continuous adjoints' previous interval); where it is not finite, Hairer & Wanner's choice.
     """
     span = tau1 - tau0
     if isinstance(control, RuntimeGrid):
-        h0, init_evals, floor_ = span / control.n, solver.init_evals, None
+        h0, init_evals, floor_ = span / control.n, st_evals, None
     else:
 
         def pick():
@@ -201,7 +203,7 @@ def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, h_guess=None):
             h = control.initial_step(f_tau, tau0, y0, f0, args, order, span)
             return lax.stop_gradient(jnp.asarray(h, jnp.result_type(span)))
 
-        init_evals = solver.init_evals + (0 if control.dt0 is not None else 1)
+        init_evals = st_evals + (0 if control.dt0 is not None else 1)
         if h_guess is None or control.dt0 is not None:
             h0 = pick()
         else:
@@ -213,7 +215,7 @@ def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, h_guess=None):
             # last step's uncapped size for the next solve)
             missing = any_member(~known)
             h0 = lax.cond(missing, lambda: jnp.where(known, guess, pick()), lambda: guess)
-            init_evals = solver.init_evals + missing.astype(jnp.int32)
+            init_evals = st_evals + missing.astype(jnp.int32)
         floor_ = control.dtmin
     floor = 4 * jnp.finfo(jnp.result_type(tau0)).eps * jnp.maximum(jnp.abs(tau0), jnp.abs(tau1))
     if floor_ is not None:
@@ -237,18 +239,26 @@ def while_loop(
     progress=None,
     events: EventSet | None = None,
     h_guess=None,
+    resume=None,
 ) -> LoopOutput:
     """Integrate from ``tau0`` to ``tau1 > tau0`` in one ``lax.while_loop``.
 
     ``control`` is an :class:`~odegrad.Adaptive` or a :class:`RuntimeGrid`. ``plan``'s saves
     and ``record`` (what an adjoint asks to keep, e.g. a
     :class:`~odegrad._recorders.StepRecord`) are recorders; ``events``: see
-    :mod:`odegrad._events`; ``h_guess``: see :func:`_first_step`.
+    :mod:`odegrad._events`; ``h_guess``: see :func:`_first_step`. ``resume``: what a solve
+    that ended at ``tau0`` left of its solver's state (``LoopOutput.resume``; see
+    :meth:`~odegrad.solvers.base.AbstractSolver.init_from`), its own returned likewise.
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
-    st0 = solver.init(f, s * tau0, y0, args)
-    h0, init_evals, floor = _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, h_guess)
+    if resume is None:
+        st0, st_evals = solver.init(f, s * tau0, y0, args), solver.init_evals
+    else:
+        st0, st_evals = solver.init_from(f, s * tau0, y0, args, resume)
+    h0, init_evals, floor = _first_step(
+        solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_guess
+    )
     setup = LoopSetup(solver, f, args, s, tau0, y0, st0, max_steps, events)
     recorders = _recorders_for(plan, record, events)
     c = LoopState(
@@ -432,6 +442,7 @@ def while_loop(
         accumulated=outs.get("accumulated"),
         events=outs.get("events"),
         h=c.h if adaptive else None,
+        resume=None if resume is None else solver.resume_state(c.st),
     )
 
 

@@ -117,6 +117,20 @@ class AbstractSolver(abc.ABC):
         after it."""
         return state, 0
 
+    def resume_state(self, state):
+        """What of a solve's final carried ``state`` is worth handing to a solve that continues
+        from its end (:meth:`init_from`'s ``previous``; a continuous adjoint's next backward
+        interval): ``None`` (the default) when :meth:`init` is as cheap as any reuse; the
+        stabilised methods hand on their spectral-radius estimate."""
+        return None
+
+    def init_from(self, f, t0, y0, args, previous):
+        """``(state, evals)``: the carried state before the first step of a solve that starts
+        where another one ended with ``resume_state(state) == previous``, and the right-hand-side
+        evaluations spent on it. ``previous`` may hold nan (nothing known yet); the default
+        ignores it and calls :meth:`init`."""
+        return self.init(f, t0, y0, args), self.init_evals
+
     def compact_state(self, state):
         """What the adjoints checkpoint of a carried ``state``: the default keeps it all;
         solvers that carry caches (an implicit solver's Jacobian) drop them here. :meth:`step`

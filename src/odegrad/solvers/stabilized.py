@@ -240,6 +240,36 @@ class _Stabilized(AbstractSolver):
         # age as a float: adjoints carry cotangents of the whole state, and an int has none
         return (f0, rho, v, jnp.zeros((), jnp.result_type(rho)))
 
+    def resume_state(self, state):
+        """The power iteration's ``(rho, v, age)``: a solve continuing from here (the next
+        backward interval of a continuous adjoint) starts from this estimate instead of
+        ``init_power_iters`` fresh JVPs. With a user's bound, nothing (:meth:`init` evaluates
+        it)."""
+        return None if self.spectral_radius is not None else state[1:]
+
+    def init_from(self, f, t0, y0, args, previous):
+        """:meth:`init` keeping a previous solve's estimate where it is usable (finite and
+        positive; else ``init_power_iters`` JVPs warm-started from its vector). Its ``age`` is
+        at least 1, so that a rejection at the start refreshes it (the state may have jumped
+        there: an event)."""
+        if previous is None or self.spectral_radius is not None:
+            return self.init(f, t0, y0, args), self.init_evals
+        rho, v, age = previous
+        f0 = f(t0, y0, args)
+        stale = ~(jnp.isfinite(rho) & (rho > 0))
+        t, y, a = _sg((t0, y0, args))
+
+        def estimate(carry):
+            rho_old, v_old = carry
+            rho_n, v_n = self._rho(f, t, y, a, v_old, self.init_power_iters)
+            return jnp.where(stale, rho_n, rho_old), tree_where(stale, v_n, v_old)
+
+        # (under vmap, run when any member has no estimate; the others keep theirs)
+        rho, v = run_if(any_member(stale), estimate, _sg((rho, v)))
+        age = jnp.where(stale, 0, jnp.maximum(age, 1)).astype(age.dtype)
+        evals = 1 + jnp.where(stale, self.init_power_iters, 0)
+        return (f0, rho, v, age), evals
+
     # -- to be provided by each method -----------------------------------------------------
     max_stages: int
 
