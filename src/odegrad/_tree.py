@@ -94,8 +94,34 @@ def rms_error_ratio(err: PyTree, y0: PyTree, y1: PyTree, rtol, atol):
     num = 0.0
     for e, a, b in zip(jax.tree.leaves(err), jax.tree.leaves(y0), jax.tree.leaves(y1), strict=True):
         scale = atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
-        num = num + jnp.sum(jnp.square(e / scale) + b * 0)
+        num = num + entry_sum(jnp.square(e / scale) + b * 0)
     return jnp.sqrt(num / max(tree_size(y0), 1))
+
+
+def entry_sum(x):
+    """``jnp.sum(x)``; up to ``Tuning.plain_sum_entries`` entries as XLA's own reduction loop.
+
+    XLA:CPU makes an add reduction a YNNPACK kernel, which costs more per call than XLA's own
+    loop on small arrays (see the tuning); a reducer it does not take for an add, ``u - (-v)``
+    (the same IEEE sum: negation is exact), keeps XLA's own. Differentiable: its JVP is the
+    tangent's sum.
+    """
+    from ._tuning import tuning
+
+    if jnp.size(x) > tuning().plain_sum_entries:
+        return jnp.sum(x)
+    return _plain_sum(x)
+
+
+@jax.custom_jvp
+def _plain_sum(x):
+    zero = jnp.zeros((), jnp.result_type(x))
+    return jax.lax.reduce(x, zero, lambda u, v: u - (-v), tuple(range(jnp.ndim(x))))
+
+
+@_plain_sum.defjvp
+def _plain_sum_jvp(primals, tangents):
+    return _plain_sum(primals[0]), jnp.sum(tangents[0])
 
 
 def is_inexact_array(x) -> bool:

@@ -145,16 +145,24 @@ class Tuning:
     #: exact JVP preconditioned by Newton's LU, instead of a fresh Jacobian and LU per stage
     #: (hybrid 200-state problem, Kvaerno5 gradient: 2.2 -> 1.4 s).
     preconditioned_min: int = 16
+    #: sums over all of an array's entries (the error norm, once per attempted step) up to this
+    #: many entries run as XLA's own reduction loop (``_tree.entry_sum``), not as the YNNPACK
+    #: kernel XLA:CPU makes of an add reduction, which inside a loop cost ~13 us more per call:
+    #: seed 001's forward (16^3 float64, ROCK2, rtol 1e-6, 1125 steps) 55.5 -> 41 ms, 24^3
+    #: 127 -> 88 ms, 64^3 354 -> 322 ms; 128^3 274 -> 268 ms; at 160^3 YNNPACK's is faster (rtol
+    #: 1e-4: 561 against 590 ms). 0: every sum an add reduction.
+    plain_sum_entries: int = 1 << 21
 
 
-#: GPU values: XLA:GPU has no small-buffer rule (no chunking), and no column width limit: a step
+#: GPU values: XLA:GPU has no small-buffer rule (no chunking), no YNNPACK reductions, and no
+#: column width limit: a step
 #: costs its kernel launches, not the columns' arithmetic (H200, the neural ODE as one (256, 2)
 #: state, train step: Interpolating with 16 columns 12.0 ms, Auto 10.1, diffrax 23.9). The rest
 #: as on CPU until measured.
 _TABLES = {
     "cpu": Tuning(),
-    "gpu": Tuning(small_buffer_bytes=0, column_width=None),
-    "tpu": Tuning(small_buffer_bytes=0),
+    "gpu": Tuning(small_buffer_bytes=0, column_width=None, plain_sum_entries=0),
+    "tpu": Tuning(small_buffer_bytes=0, plain_sum_entries=0),
 }
 _override: list[Tuning] = []
 
