@@ -409,10 +409,10 @@ def test_vmap_of_grad_equals_loop(rows):
 
 
 def test_one_trajectory_keeps_blocks_of_dense_output_when_every_step_does_not_fit(retune):
-    """An adaptive solve whose ``max_steps`` rows of dense output pass
-    ``adaptive_dense_bytes`` keeps blocks of steps (re-taken once each, one backward solve per
-    block) while two blocks fit there, and checkpoints (a backward solve per step) beyond:
-    the default is then ``dense_rows=64``, bit for bit, and matches forward mode."""
+    """An adaptive solve whose ``max_steps`` rows of dense output pass ``adaptive_all_bytes``
+    keeps blocks of steps (re-taken once each, one backward solve per block) while two blocks
+    fit ``single_blocks_bytes``, and checkpoints (a backward solve per step) beyond: the
+    default is then ``dense_rows=64``, bit for bit, and matches forward mode."""
     pr = get_problem("lotka_volterra")
     f, y0 = jax_rhs(pr), jnp.asarray(pr.y0)
     ts = jnp.linspace(0.0, 10.0, 5)
@@ -426,7 +426,7 @@ def test_one_trajectory_keeps_blocks_of_dense_output_when_every_step_does_not_fi
         p = jnp.asarray(pr.params)
         return jax.jit(lambda p: [jax.grad(loss, has_aux=True)(p, a) for a in adjoints])(p)
 
-    retune(adaptive_dense_bytes=2**16, dense_block_bytes=2**12)
+    retune(adaptive_all_bytes=2**16, single_blocks_bytes=2**16, dense_block_bytes=2**12)
     text = og.explain_adjoint(
         f, y0, (0.0, 10.0), jnp.asarray(pr.params), adjoint=og.Interpolating()
     )
@@ -437,7 +437,8 @@ def test_one_trajectory_keeps_blocks_of_dense_output_when_every_step_does_not_fi
     assert int(n) > 2 * 64  # three blocks or more
     np.testing.assert_array_equal(default, rows64)
     assert rel_err(default, fwd) < 1e-6
-    retune(adaptive_dense_bytes=2**12)  # two blocks do not fit: checkpoints
+    # two blocks do not fit, nor every step's: checkpoints
+    retune(adaptive_all_bytes=2**12, single_blocks_bytes=2**12, adaptive_dense_bytes=2**12)
     text = og.explain_adjoint(
         f, y0, (0.0, 10.0), jnp.asarray(pr.params), adjoint=og.Interpolating()
     )

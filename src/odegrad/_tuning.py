@@ -64,6 +64,16 @@ class Tuning:
     #: blocks of 240 (4.2 MiB; B = 1024 with blocks of 64, 4.5 MiB, and B = 32 with 1024, 4.5
     #: MiB, showed no such cliff: 1.2x diffrax).
     dense_block_bytes: int = 2 * 2**20
+    #: One trajectory (no vmap) keeps every step's dense output only up to
+    #: ``adaptive_all_bytes``, then blocks of steps while two blocks and their starts take at
+    #: most this, else checkpoints (revolve: its backward solve restarts at every step). Rows
+    #: of dense output x 4096 ``max_steps``, ``Interpolating()`` gradient before -> after:
+    #: seed 001 16^3 ROCK2 rtol 1e-6 (1125 steps, 512 MiB: revolve -> 22 MiB of blocks) 820-880
+    #: -> 290 ms; a 16^2 heat equation, Tsit5, 5 steps (74 MiB: every step's -> 5 MiB) 19.9 ->
+    #: 2.3 ms; the neural ODE as one (256, 2) state (66 -> 6 MiB) 160 -> 150 ms; but a 64^2 one
+    #: (24 steps, 1.2 GiB: revolve, 5.5 MiB -> 37 MiB of blocks) 10.8 -> 19.2 ms and 40^3 ROCK2
+    #: rtol 1e-4 (blocks of 125 MiB) 298 -> 336 ms: fresh memory costs more than the restarts.
+    single_blocks_bytes: int = 32 * 2**20
     #: otherwise it keeps at most this many states, filled by the forward pass: ~2000 steps
     #: reverse with 64 slots in two recomputing sweeps, so more slots mostly cost allocation.
     adaptive_slots: int = 64

@@ -33,20 +33,20 @@ class Interpolating(_Continuous):
 
     Args:
         checkpoints: ``None`` keeps the dense output of every forward step while that fits in
-            ``memory_budget`` (fixed grids: every step; adaptive: ``max_steps`` rows, up to
-            128 MiB, or under ``jax.vmap`` without events up to 2 MiB for the batch; beyond
-            that, without events, in blocks of steps (``dense_rows``) while two blocks fit 128
-            MiB, or the budget under vmap), and otherwise behaves as an int (adaptive: at most
-            64). An int ``c`` keeps only the step sizes in the forward pass; the backward pass
-            obtains the forward states last-first from ``c`` checkpoints on a binomial
-            (revolve) schedule and re-takes each step for its dense output: memory ``c`` states
-            plus one step, whatever the step count.
+            ``memory_budget`` (fixed grids: every step; adaptive: ``max_steps`` rows, up to 8
+            MiB, or under ``jax.vmap`` without events up to 2 MiB for the batch; beyond that,
+            without events, in blocks of steps (``dense_rows``) while two blocks fit 32 MiB,
+            or the budget under vmap; with events up to 128 MiB), and otherwise behaves as an
+            int (adaptive: at most 64). An int ``c`` keeps only the step sizes in the forward
+            pass; the backward pass obtains the forward states last-first from ``c``
+            checkpoints on a binomial (revolve) schedule and re-takes each step for its dense
+            output: memory ``c`` states plus one step, whatever the step count.
         memory_budget: bytes for ``checkpoints=None``, for the whole ``jax.vmap`` batch;
             default the backend's tuning table (256 MiB).
         dense_rows: adaptive solves without events: the forward pass keeps the dense output of
             this many steps at a time (the last block's) and the state at each block's start;
             the backward pass re-takes each earlier block's steps once. ``None`` (default):
-            every step's while ``max_steps`` rows take at most 128 MiB (under ``jax.vmap``: 2
+            every step's while ``max_steps`` rows take at most 8 MiB (under ``jax.vmap``: 2
             MiB for the whole batch), else blocks of at least 64 steps (in 2 MiB under vmap).
         vjp: ``vjp(t, y, args, cotangent) -> (ct_y, ct_args)``; default ``jax.vjp`` of ``f``.
         solver: the backward solver; default the forward one.
@@ -102,33 +102,28 @@ class Interpolating(_Continuous):
     def _block_rows(self, problem: Problem, row: int) -> int | None:
         """Steps per block of dense output (:class:`~odegrad.adjoint.sources.DenseBlocks`) for
         an adaptive solve without events whose ``max_steps`` rows pass
-        ``Tuning.adaptive_dense_bytes`` (one trajectory) or ``Tuning.dense_block_bytes`` for
-        the whole vmapped batch: at least ``adaptive_slots``, as many as the latter holds, if
-        two blocks and the states at their starts fit the memory budget (one trajectory: also
-        ``adaptive_dense_bytes``), else ``None``."""
+        ``Tuning.adaptive_all_bytes`` (one trajectory) or ``Tuning.dense_block_bytes`` for the
+        whole vmapped batch: at least ``adaptive_slots``, as many as the latter holds, if two
+        blocks and the states at their starts fit the memory budget (one trajectory: also
+        ``Tuning.single_blocks_bytes``), else ``None``."""
         t = tuning()
         if problem.grid is not None or problem.events is not None:
             return None
         if not isinstance(problem.control, Adaptive):
             return None
         batch = max(problem.batch, 1)
-        # every step's dense output, in one block, while it fits: one trajectory's blocks ran
-        # 5-10 % faster but compiled 15 % slower (Lotka-Volterra, max_steps=100000: 26.7 vs
-        # 28.6 ms, 5.7 vs 4.9 s), where a vmapped batch's ran 2.5x faster (see the tuning)
-        every = t.adaptive_dense_bytes if batch == 1 else t.dense_block_bytes
+        # every step's dense output, in one block, while it fits (Tuning.adaptive_all_bytes for
+        # one trajectory, as Discrete keeps every step's state)
+        every = t.adaptive_all_bytes if batch == 1 else t.dense_block_bytes
         if problem.max_steps * row * batch <= every:
             return None
         rows = max(t.adaptive_slots, t.dense_block_bytes // (row * batch))
-        if rows >= problem.max_steps:
+        if 2 * rows >= problem.max_steps:  # (two blocks hold as much as every step's)
             return None
         starts = -(-problem.max_steps // rows) * max(problem.checkpoint_bytes(), 1)
         budget = t.memory_budget if self.memory_budget is None else self.memory_budget
-        if batch == 1:
-            # one trajectory: blocks in no more than every step's dense output may take, else
-            # checkpoints (revolve). Its backward solve then restarts once per block, not once
-            # per step: seed 001 (16^3, 1125 steps, 22 MiB) 335 against 444-636 ms; at 40^3
-            # (blocks of 125 MiB), rtol 1e-4, 336 against 298 ms: the fresh memory is dearer
-            budget = min(budget, t.adaptive_dense_bytes)
+        if batch == 1:  # one trajectory: see Tuning.single_blocks_bytes
+            budget = min(budget, t.single_blocks_bytes)
         # the forward pass's last block and the backward pass's re-taken one, and the starts
         return rows if (2 * rows * row + starts) * batch <= budget else None
 
