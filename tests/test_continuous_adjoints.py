@@ -373,6 +373,31 @@ def test_user_vjp_matches_default(adjoint_name):
     assert rel_err(g_user, g_default) < 1e-12
 
 
+@pytest.mark.parametrize("adjoint", [og.Interpolating, og.Quadrature])
+def test_fixed_backward_steps_take_dt(adjoint):
+    """``step=og.Fixed(dt)`` makes the backward solve take equal steps of at most ``dt``
+    between its stops (here the saves of an adaptive forward solve), whatever the forward
+    steps: the gradient converges at the backward solver's order (Ralston's 2) as ``dt``
+    shrinks. (It was one backward step per interval before, whatever ``dt``.)"""
+    f = lambda t, y, a: -a * jnp.sin(y) - 0.3 * y
+    y0, ts = jnp.asarray([1.0, 2.0]), jnp.linspace(0.0, 1.0, 3)
+
+    def grad(adj):
+        def loss(a):
+            sol = og.solve(f, y0, (0.0, 1.0), a, step=og.Adaptive(1e-10, 1e-10),
+                           saveat=og.SaveAt(ts=ts), adjoint=adj)  # fmt: skip
+            return jnp.sum(sol.ys**2)
+
+        return jax.jit(jax.grad(loss))(1.5)
+
+    exact = grad(og.Discrete())
+    errs = [abs(grad(adjoint(solver=og.Ralston(), step=og.Fixed(dt))) - exact)
+            for dt in (0.1, 0.05, 0.025)]  # fmt: skip
+    assert errs[0] > 1e-3 and errs[-1] < 1e-3, errs
+    ratios = [errs[0] / errs[1], errs[1] / errs[2]]
+    assert all(3.0 < r < 5.0 for r in ratios), errs  # second order
+
+
 # --------------------------------------------------------------------------------------------
 # 5. jit + vmap
 

@@ -250,6 +250,22 @@ def test_adaptive_without_error_estimate(solver):
 # partitioned solvers
 
 
+def test_adjoint_backward_solver_or_step_that_cannot_work():
+    """A continuous adjoint's own backward solver needs an error estimate when its steps are
+    adaptive (the forward's ``og.Adaptive``), and its own ``step`` is ``og.Adaptive`` or
+    ``og.Fixed``: the others fail at trace time, naming the fix."""
+    f = lambda t, y, a: -a * y
+
+    def grad(adjoint):
+        loss = lambda a: og.solve(f, jnp.ones(2), (0.0, 1.0), a, adjoint=adjoint).ys.sum()
+        return jax.grad(loss)(1.0)
+
+    with pytest.raises(ValueError, match=r"Ralston\(\) does not have: pass an embedded"):
+        grad(og.Interpolating(solver=og.Ralston()))
+    with pytest.raises(ValueError, match=r"og.Adaptive\(...\) or og.Fixed\(dt\) steps"):
+        grad(og.Quadrature(step=og.StepTo(jnp.linspace(0.0, 1.0, 3))))
+
+
 @pytest.mark.parametrize("solver", [og.SemiImplicitEuler(), og.Leapfrog()])
 def test_partitioned_solver_given_single_f(solver):
     with raises(TypeError, f"solver={solver!r} is partitioned", "f=(f_u, f_v)", "y0=(u0, v0)"):

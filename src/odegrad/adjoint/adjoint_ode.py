@@ -43,7 +43,7 @@ from .._batching import max_member, member_cond
 from .._loop import LoopOutput, RuntimeGrid, while_loop
 from .._recorders import Accumulate
 from .._saving import SavePlan
-from .._step import AbstractStep, Adaptive
+from .._step import AbstractStep, Adaptive, Fixed
 from .._tree import tree_add, tree_bytes, tree_scale, tree_size, tree_where, tree_zeros_like
 from .._tuning import tuning
 from ..solvers.explicit_rk import ExplicitRK
@@ -96,6 +96,14 @@ class _Continuous(AbstractAdjoint):
             raise ValueError(
                 f"{type(self).__name__}(vjp=...) is for a single f(t, y, args); partitioned "
                 "solvers use the default jax.vjp."
+            )
+        adaptive_back = isinstance(self._backward_control(problem), Adaptive | _Seminorm)
+        if self.solver is not None and adaptive_back and not self.solver.adaptive:
+            raise ValueError(
+                f"{type(self).__name__}(solver={self.solver!r}) would integrate the adjoint "
+                "with adaptive steps (the solve's step=og.Adaptive(...)), which need an error "
+                f"estimate that {self.solver!r} does not have: pass an embedded method such as "
+                f"og.BS3() or og.Tsit5(), or {type(self).__name__}(step=og.Fixed(dt))."
             )
         plan, src = problem.plan, self.source
         fwd_problem = replace(problem.without_scan_tap(), plan=src.forward_plan(plan))
@@ -345,7 +353,10 @@ class _Continuous(AbstractAdjoint):
                     solver = ColumnSolver(solver_b, saves, n_columns, reader, rates, lo, nodes)
                 # the column step computes its quadrature: its "dense output" is that sum
                 acc = (lambda t, dt, dense, a: dense) if g_by_steps else None
-            if isinstance(control, Adaptive | _Seminorm):
+            adaptive = isinstance(control, Adaptive | _Seminorm)
+            if adaptive or isinstance(control, Fixed):
+                # (a user's Fixed(dt): equal steps of at most dt across the interval)
+                n = jnp.maximum(jnp.ceil((hi - lo) / control.dt), 1) if not adaptive else None
                 out = while_loop(
                     solver,
                     rhs,
@@ -353,16 +364,16 @@ class _Continuous(AbstractAdjoint):
                     z,
                     tau0=-hi,
                     tau1=-lo,
-                    control=control,
+                    control=control if adaptive else RuntimeGrid(n.astype(jnp.int32)),
                     plan=SavePlan(fn=lambda t, y, a: y),
                     max_steps=problem.max_steps,
                     record=() if acc is None else (summed if propagator else Accumulate(acc),),
                     s=-1.0,
-                    h_guess=c["h"],
+                    h_guess=c["h"] if adaptive else None,
                     resume=c["st"],
                 )
                 z1, quad = out.y1, out.accumulated
-                c = {**c, "h": out.h, "st": out.resume}
+                c = {**c, "h": out.h, "st": out.resume} if adaptive else {**c, "st": out.resume}
             else:  # fixed grids: one backward step per forward step
                 st, _ = solver_b.init_from(rhs, hi, z, args_diff, c["st"])
                 res = solver_b.step(rhs, hi, lo - hi, z, args_diff, st)
@@ -530,6 +541,12 @@ class _Continuous(AbstractAdjoint):
 
     def _backward_control(self, problem: Problem):
         base = self.step
+        if base is not None and not isinstance(base, Adaptive | Fixed):
+            raise ValueError(
+                f"{type(self).__name__}(step={base!r}): the backward solve takes og.Adaptive(...) "
+                "or og.Fixed(dt) steps between the times where it stops (saves, forward steps); "
+                "leave step=None to follow the forward solve."
+            )
         if base is None:
             base = problem.control if problem.grid is None else "grid"
         if isinstance(base, RuntimeGrid):  # fixed steps: one backward step per forward step
