@@ -250,6 +250,24 @@ def test_adaptive_without_error_estimate(solver):
 # partitioned solvers
 
 
+def test_failed_backward_solve_raises_or_gives_nan():
+    """A continuous adjoint's backward solve that fails (here out of steps: 1000 fixed steps
+    per interval against max_steps=50) is not a silently truncated gradient: with throw it
+    raises, naming why and where; with throw=False the gradient is nan."""
+    f = lambda t, y, a: -a * y
+
+    def grad(a, throw=True, dt=1e-3):
+        adjoint = og.Interpolating(step=og.Fixed(dt))
+        loss = lambda a: og.solve(f, jnp.ones(2), (0.0, 1.0), a, max_steps=50, throw=throw,
+                                  adjoint=adjoint).ys.sum()  # fmt: skip
+        return jax.grad(loss)(a)
+
+    with pytest.raises(Exception, match=r"out of steps \(max_steps=50 per interval\) at t=0.95"):
+        grad(1.0)
+    assert np.isnan(float(grad(1.0, throw=False)))
+    np.testing.assert_allclose(grad(1.0, dt=0.1), -2 * np.exp(-1.0), rtol=1e-3)
+
+
 def test_adjoint_backward_solver_or_step_that_cannot_work():
     """A continuous adjoint's own backward solver needs an error estimate when its steps are
     adaptive (the forward's ``og.Adaptive``), and its own ``step`` is ``og.Adaptive`` or

@@ -121,6 +121,7 @@ def _solve(
     saveat, s, t0, args_ext, y0 = ctx
     if throw:
         check_concrete_state(y0, state_names(y0_user))
+    problem = dataclasses.replace(problem, throw=bool(throw))
     if progress:
         from ._progress import bars
 

@@ -39,10 +39,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .._batching import max_member, member_cond
+from .._batching import any_member, max_member, member_cond
 from .._loop import LoopOutput, RuntimeGrid, while_loop
 from .._recorders import Accumulate
 from .._saving import SavePlan
+from .._solution import Result, host_check
 from .._step import AbstractStep, Adaptive, Fixed
 from .._tree import tree_add, tree_bytes, tree_scale, tree_size, tree_where, tree_zeros_like
 from .._tuning import tuning
@@ -374,6 +375,11 @@ class _Continuous(AbstractAdjoint):
                 )
                 z1, quad = out.y1, out.accumulated
                 c = {**c, "h": out.h, "st": out.resume} if adaptive else {**c, "st": out.resume}
+                # the first interval whose backward solve failed (max_steps, non-finite):
+                # the gradient is nan then, and an error with throw (see _backward)
+                first = (c["failed"] == 0) & (out.result != 0)
+                c["failed"] = jnp.where(first, out.result, c["failed"])
+                c["failed_p"] = jnp.where(first, -out.fail_t, c["failed_p"])
             else:  # fixed grids: one backward step per forward step
                 st, _ = solver_b.init_from(rhs, hi, z, args_diff, c["st"])
                 res = solver_b.step(rhs, hi, lo - hi, z, args_diff, st)
@@ -457,8 +463,16 @@ class _Continuous(AbstractAdjoint):
             # with, not a fresh pick (one evaluation of f, and often a step too small): on the
             # neural ODE as one (256, 2) state, 100 saves, ~20 % of the backward pass
             carry["h"] = jnp.full((), jnp.nan, tdtype)
+        carry["failed"] = jnp.zeros((), jnp.int32)
+        carry["failed_p"] = jnp.zeros((), tdtype)
         carry = src.sweep(bwd, carry)
-        return carry["a"], carry["g"]
+        failed = carry["failed"] != 0
+        grads = jax.tree.map(lambda x: jnp.where(failed, jnp.nan, x), (carry["a"], carry["g"]))
+        if problem.throw:
+            report = partial(_report_backward_failure, type(self).__name__, problem.max_steps)
+            where = (carry["failed"], s * carry["failed_p"])
+            grads = host_check(report, grads, any_member(failed), *where)
+        return grads
 
     @staticmethod
     def _columns_pay(problem: Problem, f) -> bool:
@@ -554,6 +568,22 @@ class _Continuous(AbstractAdjoint):
         if isinstance(base, Adaptive):
             return _Seminorm(base, lambda z: {k: v for k, v in z.items() if k != "g"})
         return base
+
+
+def _report_backward_failure(name: str, max_steps: int, code, t) -> None:
+    """Host side: the backward solve of some member failed; name why and where."""
+    code, t = np.asarray(code).ravel(), np.asarray(t).ravel()
+    k = int(np.argmax(code != 0))
+    why = {
+        int(Result.max_steps_reached): f"ran out of steps (max_steps={max_steps} per interval)",
+        int(Result.step_size_underflow): "took a step too small (the adjoint system is stiff)",
+        int(Result.nonfinite): "reached an inf or nan",
+    }.get(int(code[k]), f"failed ({Result(int(code[k])).name})")
+    member = f" (batch member {k})" if code.size > 1 else ""
+    raise RuntimeError(
+        f"og.{name}: the backward (adjoint) solve {why} at t={float(t[k]):.6g}{member}, so the "
+        "gradient is nan. Raise max_steps=, loosen the adjoint's step, or use og.Discrete()."
+    )
 
 
 def _unknown_resume(solver, z, args, tdtype):

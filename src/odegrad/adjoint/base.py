@@ -54,6 +54,8 @@ class Problem:
     user_arrays: Any = None
     #: the solve's events (:class:`~odegrad._events.EventSet`), or None
     events: Any = None
+    #: ``og.solve(throw=...)``: a failed backward solve raises, not only returns nan
+    throw: bool = True
 
     @property
     def static_steps(self) -> int | None:
