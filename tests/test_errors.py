@@ -278,7 +278,7 @@ def test_adjoint_backward_solver_or_step_that_cannot_work():
         loss = lambda a: og.solve(f, jnp.ones(2), (0.0, 1.0), a, adjoint=adjoint).ys.sum()
         return jax.grad(loss)(1.0)
 
-    with pytest.raises(ValueError, match=r"Ralston\(\) does not have: pass an embedded"):
+    with pytest.raises(ValueError, match=r"Ralston\(\) does not have: pass solver= an embedded"):
         grad(og.Interpolating(solver=og.Ralston()))
     with pytest.raises(ValueError, match=r"og.Adaptive\(...\) or og.Fixed\(dt\) steps"):
         grad(og.Quadrature(step=og.StepTo(jnp.linspace(0.0, 1.0, 3))))

@@ -108,7 +108,8 @@ def entry_sum(x):
     """
     from ._tuning import tuning
 
-    if jnp.size(x) > tuning().plain_sum_entries:
+    # (jnp.sum accumulates float16 and bfloat16 in float32; the plain loop would not)
+    if jnp.size(x) > tuning().plain_sum_entries or jnp.dtype(jnp.result_type(x)).itemsize < 4:
         return jnp.sum(x)
     return _plain_sum(x)
 

@@ -99,12 +99,13 @@ class _Continuous(AbstractAdjoint):
                 "solvers use the default jax.vjp."
             )
         adaptive_back = isinstance(self._backward_control(problem), Adaptive | _Seminorm)
-        if self.solver is not None and adaptive_back and not self.solver.adaptive:
+        solver_b = problem.solver.adjoint_solver() if self.solver is None else self.solver
+        if adaptive_back and not solver_b.partitioned and not solver_b.adaptive:
             raise ValueError(
-                f"{type(self).__name__}(solver={self.solver!r}) would integrate the adjoint "
-                "with adaptive steps (the solve's step=og.Adaptive(...)), which need an error "
-                f"estimate that {self.solver!r} does not have: pass an embedded method such as "
-                f"og.BS3() or og.Tsit5(), or {type(self).__name__}(step=og.Fixed(dt))."
+                f"{type(self).__name__}() would integrate the adjoint with {solver_b!r} and "
+                "adaptive steps (step=og.Adaptive(...)), which need an error estimate that "
+                f"{solver_b!r} does not have: pass solver= an embedded method such as og.BS3() "
+                f"or og.Tsit5(), or step=og.Fixed(dt)."
             )
         plan, src = problem.plan, self.source
         fwd_problem = replace(problem.without_scan_tap(), plan=src.forward_plan(plan))
@@ -450,7 +451,9 @@ class _Continuous(AbstractAdjoint):
             span,
         )
         carry = {"a": ct.y1, "g": g0, "st": None}
-        if not columns:
+        # (adaptive steps only: without rejections nothing refreshes an estimate that went
+        # stale, and fixed steps with too few stages diverge; those re-estimate per interval)
+        if not columns and isinstance(control, Adaptive | _Seminorm):
             # what each interval's backward solve leaves of its solver's state for the next
             # (a stabilised solver's spectral-radius estimate, init_from), not a fresh init:
             # seed 001's own gradient (ROCK2, 465 intervals) made 20 power-iteration JVPs each
@@ -468,10 +471,13 @@ class _Continuous(AbstractAdjoint):
         carry = src.sweep(bwd, carry)
         failed = carry["failed"] != 0
         grads = jax.tree.map(lambda x: jnp.where(failed, jnp.nan, x), (carry["a"], carry["g"]))
+        # a non-finite adjoint (from a nan in the loss, or a blow-up) shows as nan, as in
+        # Discrete's gradient; running out of steps or a step underflow raise with throw
+        raises = failed & (carry["failed"] != Result.nonfinite)
         if problem.throw:
             report = partial(_report_backward_failure, type(self).__name__, problem.max_steps)
             where = (carry["failed"], s * carry["failed_p"])
-            grads = host_check(report, grads, any_member(failed), *where)
+            grads = host_check(report, grads, any_member(raises), *where)
         return grads
 
     @staticmethod
@@ -573,11 +579,10 @@ class _Continuous(AbstractAdjoint):
 def _report_backward_failure(name: str, max_steps: int, code, t) -> None:
     """Host side: the backward solve of some member failed; name why and where."""
     code, t = np.asarray(code).ravel(), np.asarray(t).ravel()
-    k = int(np.argmax(code != 0))
+    k = int(np.argmax((code != 0) & (code != int(Result.nonfinite))))
     why = {
         int(Result.max_steps_reached): f"ran out of steps (max_steps={max_steps} per interval)",
         int(Result.step_size_underflow): "took a step too small (the adjoint system is stiff)",
-        int(Result.nonfinite): "reached an inf or nan",
     }.get(int(code[k]), f"failed ({Result(int(code[k])).name})")
     member = f" (batch member {k})" if code.size > 1 else ""
     raise RuntimeError(

@@ -48,13 +48,22 @@ def _report_drift(on_drift: str, drift) -> None:
     if d > DRIFT_LIMIT:
         msg = (
             f"og.Backsolve: the state re-integrated backwards drifted from the forward "
-            f"solution by {d:.3g} tolerances at a save time, so its gradient is not "
+            f"solution by {d:.3g} tolerances at a save time or at t0, so its gradient is not "
             "trustworthy; the problem is unstable in reverse time (dissipative or stiff). "
             "Use adjoint=og.Interpolating() (or og.Discrete())."
         )
         if on_drift == "raise":
             raise RuntimeError(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
+
+
+def _drift(problem, y, stored):
+    """How far the re-integrated ``y`` is from the ``stored`` forward state, in tolerances
+    (``inf`` where not finite)."""
+    ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
+    diff = jax.tree.map(jnp.subtract, y, stored)
+    ratio = rms_error_ratio(diff, stored, stored, ctrl.rtol, ctrl.atol)
+    return jnp.where(jnp.isfinite(ratio), ratio, jnp.inf)
 
 
 class Pass(NamedTuple):
@@ -386,11 +395,7 @@ class Reintegrated(StateSource):
         if rows is None:
             return c
         stored, has = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], rows), label >= 0
-        ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
-        ratio = rms_error_ratio(
-            jax.tree.map(jnp.subtract, c["y"], stored), stored, stored, ctrl.rtol, ctrl.atol
-        )
-        ratio = jnp.where(jnp.isfinite(ratio), ratio, jnp.inf)
+        ratio = _drift(problem, c["y"], stored)
         drift = jnp.where(has, jnp.maximum(c["drift"], ratio), c["drift"])
         y = jax.tree.map(lambda a, b: jnp.where(has, b, a), c["y"], stored)
         return {**c, "y": y, "drift": drift}
@@ -398,6 +403,9 @@ class Reintegrated(StateSource):
     def sweep(self, bwd, carry):
         drift = jnp.zeros((), bwd.keep["t1"].dtype)  # the worst save's, in tolerances
         carry = super().sweep(bwd, {**carry, "y": bwd.keep["y1"], "drift": drift})
+        # and at t0, where the re-integrated state must come back to y0 (with no save times
+        # in between this is the only check: a diffusion blew up to 1e160 unreported)
+        carry["drift"] = jnp.maximum(carry["drift"], _drift(bwd.problem, carry["y"], bwd.y0))
         # the host is called only when some member drifted: nothing on the success path
         failed = any_member(jnp.any(carry["drift"] > DRIFT_LIMIT))
         report = partial(_report_drift, self.on_drift)
