@@ -372,7 +372,7 @@ class _Continuous(AbstractAdjoint):
                     record=() if acc is None else (summed if propagator else Accumulate(acc),),
                     s=-1.0,
                     h_guess=c["h"] if adaptive else None,
-                    resume=c["st"],
+                    resume=c["st"],  # (None for fixed steps: a fresh state per interval)
                 )
                 z1, quad = out.y1, out.accumulated
                 c = {**c, "h": out.h, "st": out.resume} if adaptive else {**c, "st": out.resume}
@@ -382,12 +382,9 @@ class _Continuous(AbstractAdjoint):
                 c["failed"] = jnp.where(first, out.result, c["failed"])
                 c["failed_p"] = jnp.where(first, -out.fail_t, c["failed_p"])
             else:  # fixed grids: one backward step per forward step
+                # (c["st"] is None here: a fresh state each step, see carry["st"])
                 st, _ = solver_b.init_from(rhs, hi, z, args_diff, c["st"])
-                res = solver_b.step(rhs, hi, lo - hi, z, args_diff, st)
-                z1 = res.y1
-                if c["st"] is not None:
-                    st, _ = solver_b.after_step(rhs, lo, z1, args_diff, res.state, True, False)
-                    c = {**c, "st": solver_b.resume_state(st)}
+                z1 = (res := solver_b.step(rhs, hi, lo - hi, z, args_diff, st)).y1
                 quad = None if acc is None else acc(hi, lo - hi, res.dense, args_diff)
             c = {**c, "a": z1["a"], **{k: z1[k] for k in src.carries}}
             if propagator:  # its sums: dL/dp, and Backsolve's worst drift
