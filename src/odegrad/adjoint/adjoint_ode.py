@@ -50,6 +50,7 @@ from .._tuning import tuning
 from ..solvers.explicit_rk import ExplicitRK
 from .base import AbstractAdjoint, Problem, call_custom_vjp
 from .columns import ColumnSolver, PropagatorSolver, SaveColumns, widest_value
+from .rows import independent_rows
 from .sources import Pass, StateSource
 
 
@@ -212,13 +213,17 @@ class _Continuous(AbstractAdjoint):
             and isinstance(control, Adaptive | _Seminorm)
             and getattr(solver_b, "tableau", None) is not None  # explicit: the columns decouple
         )
+        # a state of B independent row blocks (a batch stacked into one state) carries B
+        # blocks of the propagator in the same n products (rows.py)
+        rows = self._row_blocks(problem, f) if across else 1
+        block = tree_size(ct.y1) // rows
         propagator = (
             across
             and (
                 src.reads_anywhere
                 or (src.reintegrates and tree_size(args_diff) >= tuning().backsolve_across_params)
             )
-            and 0 < tree_size(ct.y1) <= tuning().propagator_entries
+            and 0 < block <= tuning().propagator_entries
             and isinstance(solver_b, ExplicitRK)
             and solver_b.tableau.dense is not None  # its stage weights at the saves
         )
@@ -236,8 +241,9 @@ class _Continuous(AbstractAdjoint):
         g_by_steps = self.quadrature or propagator
         n_saves = 1 if plan.ts is None else min(tuning().propagator_saves, plan.ts.shape[0])
         rule = tuning().small_buffer_bytes
-        if propagator and rule and problem.batch == 1:  # the propagator at each save, (M, n, n)
-            n_saves = max(1, min(n_saves, rule // (tree_bytes(ct.y1) * tree_size(ct.y1))))
+        at_save = tree_bytes(ct.y1) * block  # the propagator at each save, (M, B, m, m)
+        if propagator and rule and problem.batch == 1 and at_save <= rule:
+            n_saves = max(1, min(n_saves, rule // at_save))
         reintegrate = None
         if propagator and src.reintegrates:
             ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
@@ -349,7 +355,7 @@ class _Continuous(AbstractAdjoint):
                 nodes = gauss_legendre(self._nodes(solver_b)) if self.quadrature else None
                 if propagator:
                     solver = PropagatorSolver(
-                        solver_b, saves, n_saves, reader, rates, state_rates, lo, reintegrate
+                        solver_b, saves, n_saves, reader, rates, state_rates, lo, reintegrate, rows
                     )
                 else:
                     solver = ColumnSolver(solver_b, saves, n_columns, reader, rates, lo, nodes)
@@ -476,6 +482,15 @@ class _Continuous(AbstractAdjoint):
             where = (carry["failed"], s * carry["failed_p"])
             grads = host_check(report, grads, any_member(raises), *where)
         return grads
+
+    @staticmethod
+    def _row_blocks(problem: Problem, f) -> int:
+        """``B`` where the state's leaves have ``B`` rows that ``f`` keeps apart (a batch
+        stacked into one state), only looked for in a state too large for one propagator."""
+        if tree_size(problem.y0) <= tuning().propagator_entries:
+            return 1
+        rhs = lambda y, a: f(problem.direction * problem.tau0, y, problem.with_args(a))
+        return independent_rows(rhs, problem.y0, problem.args_diff)
 
     @staticmethod
     def _columns_pay(problem: Problem, f) -> bool:

@@ -40,11 +40,14 @@ against about 1,100 as columns (9 steps of 7 stages, 17 columns each). It reads 
 at its own stages, so ``Backsolve``, whose re-integrated ``y`` is known along one path only,
 rides the saves in it too (when ``f`` has enough parameters for the stops to cost more than
 the propagator's bookkeeping, ``Tuning.backsolve_across_params``); otherwise ``Backsolve``
-stops at every save.
+stops at every save. A state of ``B`` rows that ``f`` keeps apart (a batch stacked into one
+state, see :mod:`~odegrad.adjoint.rows`) carries one ``m x m`` propagator per row in the same
+``m`` products per stage.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -78,6 +81,25 @@ def _solve(m, b):
             acc = acc - m[..., k, j] * x[j]
         x[k] = acc / m[..., k, k]
     return jnp.stack(x, -1)
+
+
+def _blocks(tree, rows: int):
+    """``tree``'s entries as ``(rows, m)``: row block ``b`` holds row ``b`` of every leaf (all
+    of them when ``rows`` is 1), and the function that puts such an array back."""
+    if rows == 1:
+        flat, unravel = ravel_pytree(tree)
+        return flat[None], lambda x: unravel(x[0])
+    leaves, treedef = jax.tree.flatten(tree)
+    dtype = jnp.result_type(*leaves)
+    parts = [jnp.reshape(x, (rows, -1)).astype(dtype) for x in leaves]
+    cuts = list(itertools.accumulate(p.shape[1] for p in parts))[:-1]
+
+    def unravel(x):
+        pieces = jnp.split(x, cuts, axis=1) if cuts else [x]
+        out = [p.reshape(jnp.shape(v)).astype(v.dtype) for p, v in zip(pieces, leaves, strict=True)]
+        return jax.tree.unflatten(treedef, out)
+
+    return jnp.concatenate(parts, axis=1), unravel
 
 
 def widest_value(f: Callable, y, *rest) -> int:
@@ -317,9 +339,11 @@ class PropagatorSolver(ColumnSolver):
     stopping at that save makes, without stopping.
     """
 
-    def __init__(self, inner, saves, columns, reader, rates, state_rates, floor, reintegrate=None):
+    def __init__(
+        self, inner, saves, columns, reader, rates, state_rates, floor, reintegrate=None, rows=1
+    ):
         super().__init__(inner, saves, columns, reader, rates, floor)
-        self.state_rates, self.reintegrate = state_rates, reintegrate
+        self.state_rates, self.reintegrate, self.rows = state_rates, reintegrate, rows
 
     def step(self, f, t0, dt, y0, args, state):
         k, tab = state[0], self.inner.tableau
@@ -327,9 +351,15 @@ class PropagatorSolver(ColumnSolver):
         lo = t0 + dt
         length = t0 - lo
         read = self.reader(t0)[0]
-        a0, unravel = ravel_pytree(y0["a"])
-        flat = jax.vmap(lambda col: ravel_pytree(col)[0])  # columns (n, ...) -> rows (n, n)
+        a0, unravel = _blocks(y0["a"], self.rows)  # (B, m): one m x m propagator per row block
+        n = a0.shape[1]
         on_y = self.reintegrate is not None
+
+        def matrix(cols):  # columns (n, ...) shaped like a -> (B, m, n) matrices
+            return jnp.moveaxis(jax.vmap(lambda c: _blocks(c, self.rows)[0])(cols), 0, -1)
+
+        def apply(u, v):  # u (B, m, n) times v (B, n), row block by row block
+            return jnp.einsum("bij,bj->bi", u, v)
 
         def rhs(theta, z, args_):
             p = t0 - theta * length
@@ -337,23 +367,25 @@ class PropagatorSolver(ColumnSolver):
             dy, da = self.state_rates(y, p, z["a"], -length, args_)
             return {"a": da, "y": jax.tree.map(lambda v: -length * v, dy)} if on_y else {"a": da}
 
-        eye = jnp.eye(a0.shape[0], dtype=a0.dtype)
+        # column k: e_k in every row block (the blocks' Jacobians are independent)
+        eye = jnp.broadcast_to(jnp.eye(n, dtype=a0.dtype)[:, None, :], (n, *a0.shape))
         z0 = {"a": jax.vmap(unravel)(eye), **({"y": y0["y"]} if on_y else {})}
         one = jnp.ones((), t0.dtype)
         res = self.inner.step(rhs, 0 * one, one, z0, args, self.inner.init(rhs, 0 * one, z0, args))
-        u_end = flat(res.y1["a"]).T
+        u_end = matrix(res.y1["a"])
 
         # the saves inside the step, each's propagated jump dw_j
         times, inside, take = self._inside(k, lo)
         theta = jnp.where(inside, (t0 - times) / length, 0)
-        jumps = jnp.where(inside[:, None], flat(take(self.saves.jumps)), 0)
+        jumps = jax.vmap(lambda c: _blocks(c, self.rows)[0])(take(self.saves.jumps))
+        jumps = jnp.where(inside[:, None, None], jumps, 0)
         dense_at = jax.vmap(lambda th: self.inner.interpolate(res.dense, th))(theta)
-        u_at = jnp.swapaxes(jax.vmap(flat)(dense_at["a"]), 1, 2)
-        dw = jnp.where(inside[:, None], _solve(u_at, jumps), 0)
+        u_at = jax.vmap(matrix)(dense_at["a"])
+        dw = jnp.where(inside[:, None, None], _solve(u_at, jumps), 0)
         w = a0 + jnp.sum(dw, 0)
-        y1 = {**y0, "a": unravel(u_end @ w)}
+        y1 = {**y0, "a": unravel(apply(u_end, w))}
         error = {name: jax.tree.map(jnp.zeros_like, v) for name, v in y0.items()}
-        error["a"] = unravel(flat(res.error["a"]).T @ w)
+        error["a"] = unravel(apply(matrix(res.error["a"]), w))
         out = {}
         if on_y:
             stored = take(self.saves.states)
@@ -367,7 +399,7 @@ class PropagatorSolver(ColumnSolver):
         stages = [z0] + [tree_lincomb(z0, one, tab.a[i - 1], ks[:i]) for i in range(1, tab.stages)]
         cts = jnp.stack(
             [
-                flat(stage["a"]).T @ (b_i * w - w_i @ dw)
+                apply(matrix(stage["a"]), b_i * w - jnp.einsum("s,sbj->bj", w_i, dw))
                 for stage, b_i, w_i in zip(stages, tab.b, weights, strict=True)
             ]
         )
@@ -388,7 +420,8 @@ class PropagatorSolver(ColumnSolver):
         drift = jnp.max(jnp.where(inside, jnp.where(jnp.isfinite(ratio), ratio, jnp.inf), 0))
         last = jnp.maximum(jnp.sum(inside) - 1, 0)  # the save nearest lo (none: no correction)
         diff = jax.tree.map(lambda y, s: (y[last] - s[last]) * jnp.any(inside), y_at, stored)
-        e, unravel = ravel_pytree(diff)
-        shift = _solve(u_end.T, u_at[last].T @ e)
+        e, unravel = _blocks(diff, self.rows)
+        back = jnp.einsum("bji,bj->bi", u_at[last], e)  # U(theta_s)^T e, block by block
+        shift = _solve(jnp.swapaxes(u_end, -1, -2), back)
         y_end = jax.tree.map(jnp.subtract, res.y1["y"], unravel(shift))
         return y_end, res.error["y"], drift
