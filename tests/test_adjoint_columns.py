@@ -332,7 +332,7 @@ def test_saves_stop_the_backward_solve_once_f_is_wide(monkeypatch):
     y0s = jnp.stack([Y0 * (1 + 0.1 * k) for k in range(5)])
 
     def grad(width):
-        with tuned(column_width=width):
+        with tuned(column_width=width, row_propagator_entries=0):  # (rows: test_adjoint_rows)
             loss = make_loss(stacked, og.Interpolating(), TOL)
             return jax.jit(jax.grad(loss, (0, 1)))(P, y0s)
 

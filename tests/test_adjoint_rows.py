@@ -4,9 +4,12 @@
 row of ``y`` alone; the continuous adjoints then carry one small propagator per row in ``m``
 products per stage (``m`` entries per row) instead of stopping at every save. The analysis must
 say "independent" only where it is: a false "yes" is a wrong gradient, so most cases here are
-functions that mix rows in some way. The gradients (a stacked MLP, a pytree state, a ReLU
-field, a field that couples its rows) are checked against ``og.Discrete()`` at ``rtol = 1e-12``
-and, for the row path, that the propagator was taken.
+functions that mix rows in some way. The analysis reads the vector-Jacobian product the
+backward pass uses, so a derivative rule that mixes rows (a ``custom_jvp``) is caught where the
+function itself keeps them apart. The gradients (a stacked MLP, a pytree state, a ReLU field, a
+field that couples its rows, a mixing derivative rule, rows of 3 entries: more than
+``Tuning.row_propagator_entries``) are checked against ``og.Discrete()`` at ``rtol = 1e-12``,
+and that the propagator per row was taken exactly where it should be.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ INDEPENDENT = {
     "vmap of a row function": lambda y, w: jax.vmap(lambda r: jnp.sin(r @ w) @ w.T)(y),
     "remat": lambda y, w: jax.checkpoint(lambda z: jnp.tanh(z) * z)(y),
     "row dot": lambda y, w: y * jnp.einsum("bi,bi->b", y, y)[:, None],
+    "stack": lambda y, w: jnp.stack([y[:, 0] * y[:, 1], -y[:, 2], y[:, 1]], axis=1),
+    "unstack": lambda y, w: jnp.stack(jnp.unstack(y, axis=1)[::-1], axis=1),
+    # the cotangent in y of a VJP whose parameter cotangent sums over the rows
+    "vjp in y": lambda y, w: jax.vjp(lambda y_, w_: jnp.tanh(y_ @ w_) @ w_.T, y, w)[1](y)[0],
 }
 MIXED = {
     "mean over rows": lambda y, w: y - y.mean(0),
@@ -110,9 +117,28 @@ def coupled(t, y, p):  # each row pulled to the mean of all rows: not row blocks
     return stacked_mlp(t, y, p) + 0.5 * (y.mean(0) - y)
 
 
-def pytree_state(t, y, p):
-    u, v = y["u"], y["v"]
-    return {"u": stacked_mlp(t, u, p) * (1 + 0.2 * v), "v": -v * jnp.sum(u**2, 1, keepdims=True)}
+def pytree_state(t, y, p):  # two (6,) leaves: rows of 2 entries
+    du = stacked_mlp(t, jnp.stack([y["x"], y["v"]], 1), p)
+    return {"x": du[:, 0] * (1 + 0.2 * y["v"]), "v": du[:, 1] - y["v"] * y["x"] ** 2}
+
+
+@jax.custom_jvp
+def _tanh_mixing(x):  # tanh, whose derivative rule also passes each row's tangent to the next
+    return jnp.tanh(x)
+
+
+@_tanh_mixing.defjvp
+def _(primals, tangents):
+    (x,), (dx,) = primals, tangents
+    return jnp.tanh(x), (1 - jnp.tanh(x) ** 2) * dx + 0.3 * jnp.roll(dx, 1, axis=0)
+
+
+def three_per_row(t, y, p):  # rows apart, but 3 entries each: the stops are cheaper
+    return jnp.concatenate([stacked_mlp(t, y[:, :2], p), -0.5 * y[:, 2:] * y[:, :1]], 1)
+
+
+def mixing_rule(t, y, p):  # rows apart in f itself, mixed in its derivative
+    return _tanh_mixing(y @ p["w1"] + p["b1"]) @ p["w2"] - 0.2 * y
 
 
 def loss_for(f, adjoint, tol, y0):
@@ -149,8 +175,10 @@ def propagator_rows(monkeypatch):
 CASES = {
     "mlp": (stacked_mlp, Y0, 6),
     "relu": (stacked_relu, Y0, 6),
-    "pytree": (pytree_state, {"u": Y0, "v": jnp.linspace(0.1, 0.6, 6)[:, None]}, 6),
+    "pytree": (pytree_state, {"x": Y0[:, 0], "v": Y0[:, 1]}, 6),
     "coupled": (coupled, Y0, None),
+    "mixing derivative rule": (mixing_rule, Y0, None),
+    "three entries per row": (three_per_row, jnp.concatenate([Y0, Y0[:, :1]], 1), None),
 }
 
 

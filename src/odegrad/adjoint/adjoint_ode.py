@@ -215,7 +215,8 @@ class _Continuous(AbstractAdjoint):
         )
         # a state of B independent row blocks (a batch stacked into one state) carries B
         # blocks of the propagator in the same n products (rows.py)
-        rows = self._row_blocks(problem, f) if across else 1
+        per_row = tuning().row_propagator_entries
+        rows = self._row_blocks(problem, vjp, per_row) if across else 1
         block = tree_size(ct.y1) // rows
         propagator = (
             across
@@ -223,7 +224,7 @@ class _Continuous(AbstractAdjoint):
                 src.reads_anywhere
                 or (src.reintegrates and tree_size(args_diff) >= tuning().backsolve_across_params)
             )
-            and 0 < block <= tuning().propagator_entries
+            and 0 < block <= (tuning().propagator_entries if rows == 1 else per_row)
             and isinstance(solver_b, ExplicitRK)
             and solver_b.tableau.dense is not None  # its stage weights at the saves
         )
@@ -244,6 +245,8 @@ class _Continuous(AbstractAdjoint):
         at_save = tree_bytes(ct.y1) * block  # the propagator at each save, (M, B, m, m)
         if propagator and rule and problem.batch == 1 and at_save <= rule:
             n_saves = max(1, min(n_saves, rule // at_save))
+        if propagator and rows > 1:
+            n_saves = max(1, min(n_saves, tuning().row_propagator_bytes // at_save))
         reintegrate = None
         if propagator and src.reintegrates:
             ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
@@ -484,13 +487,16 @@ class _Continuous(AbstractAdjoint):
         return grads
 
     @staticmethod
-    def _row_blocks(problem: Problem, f) -> int:
-        """``B`` where the state's leaves have ``B`` rows that ``f`` keeps apart (a batch
-        stacked into one state), only looked for in a state too large for one propagator."""
-        if tree_size(problem.y0) <= tuning().propagator_entries:
+    def _row_blocks(problem: Problem, vjp, per_row: int) -> int:
+        """``B`` where the state's leaves have ``B`` rows that the vector-Jacobian product the
+        backward pass uses keeps apart (a batch stacked into one state): read from that
+        product, so a derivative rule of the user's (``custom_jvp``, ``custom_vjp``,
+        ``vjp=``) is read too. Only looked for in a state too large for one propagator."""
+        if tree_size(problem.y0) <= tuning().propagator_entries or per_row == 0:
             return 1
-        rhs = lambda y, a: f(problem.direction * problem.tau0, y, problem.with_args(a))
-        return independent_rows(rhs, problem.y0, problem.args_diff)
+        t = problem.direction * problem.tau0
+        pull = lambda y_ct, a: vjp(t, y_ct[0], a, y_ct[1])[0]
+        return independent_rows(pull, (problem.y0, problem.y0), problem.args_diff)
 
     @staticmethod
     def _columns_pay(problem: Problem, f) -> bool:

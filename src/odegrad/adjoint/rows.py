@@ -7,14 +7,17 @@ then gives column ``k`` of every row's ``n x n`` block at once, so the adjoint's
 :class:`~odegrad.adjoint.columns.PropagatorSolver`) costs ``n`` products per stage for the whole
 batch rather than ``B n`` — the cost it has under ``jax.vmap``.
 
-The analysis follows the axis of ``y``'s rows through ``f``'s equations (nested jaxprs of
+The analysis follows the axis of the rows through a function's equations (nested jaxprs of
 ``jit``, ``custom_jvp`` and ``remat`` included): elementwise operations, broadcasts, transposes,
-reshapes that keep the leading dimensions, reductions and contractions over other axes, and a
-matrix product in which the rows stay a free or batch dimension. Anything else that touches a
-row-carrying value (a reduction over the rows, a gather, a loop, a sort along the rows) makes
-the answer "not independent", so a rule it does not know costs speed, never a wrong gradient.
-A ``custom_jvp`` function is read through its primal jaxpr: its derivative rule is taken to keep
-rows apart where the function does (as ``jax.nn``'s rules do).
+reshapes that keep the leading dimensions, stacking, reductions and contractions over other
+axes, and a matrix product in which the rows stay a free or batch dimension. Anything else that
+touches a row-carrying value (a reduction over the rows, a gather, a loop, a sort along the
+rows) marks what is computed from it as mixed, so a rule the analysis lacks costs speed, never
+a wrong gradient. A ``custom_jvp`` function is read through its primal jaxpr, which says
+nothing about its derivative rule; so the adjoint asks about the vector-Jacobian product it
+will use (``jax.vjp`` of ``f``, with ``custom_jvp`` rules and ``custom_vjp`` backward passes
+traced into it, or the user's ``vjp=``): its cotangent in ``y`` must keep the rows of ``y``
+and of the incoming cotangent apart.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from jax.extend import core as jex_core
 
 # operations that act entry by entry (operands of equal rank, size-1 dimensions broadcast)
 _ELEMENTWISE = frozenset(
-    """abs acos acosh add and asin asinh atan atan2 atanh cbrt ceil clamp conj convert_element_type
+    """abs acos acosh add add_any and asin asinh atan atan2 atanh cbrt ceil clamp conj
+    convert_element_type
     copy copy_p cos cosh digamma div eq erf erf_inv erfc exp exp2 expm1 floor ge gt imag
     integer_pow is_finite le lgamma log log1p logistic lt max min mul ne neg nextafter not or pow
     real reduce_precision rem round rsqrt select_n sign sin sinh sqrt square stop_gradient sub tan
@@ -44,7 +48,10 @@ _CALLS = frozenset("jit pjit closed_call core_call custom_jvp_call checkpoint re
 
 
 class _Mixed(Exception):
-    """A value mixes rows (or the analysis cannot tell that it does not)."""
+    """An equation mixes rows (or the analysis cannot tell that it does not)."""
+
+
+MIXED = "mixed"  # the row axis of a value that mixes rows
 
 
 def independent_rows(f: Callable, y, *rest) -> int:
@@ -68,26 +75,31 @@ def independent_rows(f: Callable, y, *rest) -> int:
     )
     closed = jax.make_jaxpr(f)(*specs)
     axes = [0] * len(leaves) + [None] * (len(closed.jaxpr.invars) - len(leaves))
-    try:
-        out = _row_axes(closed.jaxpr, axes)
-    except _Mixed:
-        return 1
+    out = _row_axes(closed.jaxpr, axes)
     shapes = [v.aval.shape for v in closed.jaxpr.outvars]
     ok = all(a is None or (a == 0 and s[0] == rows) for a, s in zip(out, shapes, strict=True))
+    # (a == 0 is False for MIXED)
     return rows if ok else 1
 
 
 def _row_axes(jaxpr, axes) -> list:
-    """The rows' axis in each of ``jaxpr``'s outputs (``None``: independent of the rows), given
-    its inputs'; raises :class:`_Mixed` where rows mix."""
+    """The rows' axis in each of ``jaxpr``'s outputs (``None``: independent of the rows,
+    ``MIXED``: rows mixed), given its inputs'. A value that mixes rows marks only what is
+    computed from it: a cotangent of shared parameters (a sum over the rows) beside a row-wise
+    one leaves the latter row-wise."""
     env = dict(zip(jaxpr.invars, axes, strict=True))
     read = lambda v: None if isinstance(v, jex_core.Literal) else env.get(v)
     for eqn in jaxpr.eqns:
         ins = [read(v) for v in eqn.invars]
         if all(a is None for a in ins):
             outs = [None] * len(eqn.outvars)
+        elif MIXED in ins:
+            outs = [MIXED] * len(eqn.outvars)
         else:
-            outs = _rule(eqn, ins)
+            try:
+                outs = _rule(eqn, ins)
+            except _Mixed:
+                outs = [MIXED] * len(eqn.outvars)
         env.update(zip(eqn.outvars, outs, strict=True))
     return [read(v) for v in jaxpr.outvars]
 
@@ -113,6 +125,9 @@ def _rule(eqn, ins) -> list:
             return _row_axes(inner, ins)
     if name == "dot_general":
         return [_dot_axis(params, ins, shapes)]
+    if name == "stack" and len(carried) == 1:  # a new axis at params["axis"]
+        (a,) = carried
+        return [a + (a >= params["axis"])]
     if name == "concatenate" and len(carried) == 1 and params["dimension"] not in carried:
         (a,) = carried
         return _same_size(a, shapes[ins.index(a)][a], out_shape)
@@ -143,6 +158,8 @@ def _rule(eqn, ins) -> list:
         if params["axis"] == a:
             raise _Mixed
         return [a]
+    if name == "unstack" and params["axis"] != a:  # (stack's transpose) the axis removed
+        return [a - (a > params["axis"])] * len(eqn.outvars)
     if name == "split" and params["axis"] != a:
         return [a] * len(eqn.outvars)
     if name == "rev" and a not in params["dimensions"]:
