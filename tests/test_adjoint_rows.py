@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import odegrad as og  # noqa: E402
+from odegrad._tuning import tuned  # noqa: E402
 from odegrad.adjoint.rows import independent_rows  # noqa: E402
 
 W = jnp.linspace(-1.0, 1.0, 12).reshape(3, 4)
@@ -191,11 +192,16 @@ def test_stacked_gradients_match_exact(case, propagator_rows, retune):
 
     def every(p):
         out = [jax.grad(loss_for(f, a, 1e-9, y0))(p) for a in adjoints]
-        return out, jax.grad(loss_for(f, og.Discrete(), 1e-12, y0))(p)
+        if case != "relu":
+            return out, jax.grad(loss_for(f, og.Discrete(), 1e-12, y0))(p)
+        # across the kinks the discrete gradient (steps held fixed) is off by 1e-5 even at
+        # rtol 1e-12; the continuous adjoint stopping at every save agrees with central
+        # finite differences to 1e-6 (2026-12-04), tighter than those can tell
+        with tuned(row_propagator_entries=0):
+            return out, jax.grad(loss_for(f, og.Interpolating(), 1e-12, y0))(p)
 
     grads, exact = jax.jit(every)(P)
-    bound = 2e-5 if case == "relu" else 2e-6  # (a kinked field: the tolerance's own error)
     for a, g in zip(adjoints, grads, strict=True):
-        assert rel(jax.tree.leaves(g), jax.tree.leaves(exact)) < bound, (a, case)
+        assert rel(jax.tree.leaves(g), jax.tree.leaves(exact)) < 2e-6, (a, case)
     # the row blocks' propagator where the rows are independent; none where they mix
     assert set(propagator_rows) == ({rows} if rows else set())
