@@ -142,10 +142,10 @@ def mixing_rule(t, y, p):  # rows apart in f itself, mixed in its derivative
     return _tanh_mixing(y @ p["w1"] + p["b1"]) @ p["w2"] - 0.2 * y
 
 
-def loss_for(f, adjoint, tol, y0):
+def loss_for(f, adjoint, tol, y0, ts=TS):
     def loss(p):
         step = og.Adaptive(rtol=tol, atol=tol)
-        sol = og.solve(f, y0, (0.0, 2.0), p, saveat=og.SaveAt(ts=TS), step=step, adjoint=adjoint)
+        sol = og.solve(f, y0, (0.0, 2.0), p, saveat=og.SaveAt(ts=ts), step=step, adjoint=adjoint)
         weigh = lambda x: jnp.sin(x) * jnp.arange(1, x.size + 1).reshape(x.shape) / x.size
         return sum(jnp.sum(weigh(x)) for x in jax.tree.leaves(sol.ys))
 
@@ -205,3 +205,16 @@ def test_stacked_gradients_match_exact(case, propagator_rows, retune):
         assert rel(jax.tree.leaves(g), jax.tree.leaves(exact)) < 2e-6, (a, case)
     # the row blocks' propagator where the rows are independent; none where they mix
     assert set(propagator_rows) == ({rows} if rows else set())
+
+
+def test_few_saves_stop_instead(propagator_rows):
+    # with fewer saves than Tuning.row_propagator_saves the stops are cheaper: no row path
+    ts = TS[::8]  # 6 saves
+
+    def both(p):
+        exact = jax.grad(loss_for(stacked_mlp, og.Discrete(), 1e-12, Y0, ts))(p)
+        return jax.grad(loss_for(stacked_mlp, og.Interpolating(), 1e-9, Y0, ts))(p), exact
+
+    g, exact = jax.jit(both)(P)
+    assert rel(jax.tree.leaves(g), jax.tree.leaves(exact)) < 2e-6
+    assert propagator_rows == []

@@ -149,6 +149,10 @@ class Tuning:
     #: 8192 x 2 236 vs 373 ms, 256 x 4 26 vs 19 ms, 8192 x 4 515 vs 440 ms, 1024 x 8 222 vs
     #: 96 ms; the neural ODE as one (256, 2) state, float32: 15 vs 144 ms)
     row_propagator_entries: int = 2
+    #: ... when there are at least this many save times: a step carrying the propagator costs
+    #: ``m + 1`` products per stage against the stops' one, which few saves do not repay (4096
+    #: x 2, the MLP above: 10 saves 54 vs 45 ms, 30 saves 62 vs 90 ms, 50 saves 62 vs 132 ms)
+    row_propagator_saves: int = 16
     #: ... and gathers at most as many saves per step as keep their propagators, ``(saves, B,
     #: m, m)``, within this many bytes (8192 x 2 float64: 8 saves, 236 ms and 68 MiB, against
     #: 64 saves, 221 ms and 87 MiB)

@@ -216,7 +216,8 @@ class _Continuous(AbstractAdjoint):
         # a state of B independent row blocks (a batch stacked into one state) carries B
         # blocks of the propagator in the same n products (rows.py)
         per_row = tuning().row_propagator_entries
-        rows = self._row_blocks(problem, vjp, per_row) if across else 1
+        many = across and plan.ts.shape[0] >= tuning().row_propagator_saves
+        rows = self._row_blocks(problem, vjp, per_row) if many else 1
         block = tree_size(ct.y1) // rows
         propagator = (
             across
