@@ -56,6 +56,12 @@ INDEPENDENT = {
     "row dot": lambda y, w: y * jnp.einsum("bi,bi->b", y, y)[:, None],
     "stack": lambda y, w: jnp.stack([y[:, 0] * y[:, 1], -y[:, 2], y[:, 1]], axis=1),
     "unstack": lambda y, w: jnp.stack(jnp.unstack(y, axis=1)[::-1], axis=1),
+    "at[:, 0].set": lambda y, w: y.at[:, 0].set(y[:, 1] * y[:, 2]),
+    "scatters into zeros": lambda y, w: (
+        jnp.zeros_like(y).at[:, 2].set(y[:, 0]).at[:, 1].add(-y[:, 2])
+    ),
+    "gathered columns": lambda y, w: y[:, jnp.array([2, 0, 1])],
+    "columns scattered": lambda y, w: y.at[:, jnp.array([0, 2])].set(y[:, jnp.array([1, 1])] ** 2),
     # the cotangent in y of a VJP whose parameter cotangent sums over the rows
     "vjp in y": lambda y, w: jax.vjp(lambda y_, w_: jnp.tanh(y_ @ w_) @ w_.T, y, w)[1](y)[0],
 }
@@ -72,6 +78,11 @@ MIXED = {
     "scan over rows": _scan_rows,
     "custom_vjp": lambda y, w: _rescaled(y),
     "gather": lambda y, w: y[jnp.array([0, 0, 1, 2, 3])],
+    "set from reversed rows": lambda y, w: y.at[:, 0].set(y[::-1, 1]),
+    "set rows from rows": lambda y, w: y.at[1:, 0].set(y[:-1, 1]),
+    "set one row": lambda y, w: y.at[0].set(y[1]),
+    "set from one row": lambda y, w: y.at[:, 0].set(y[:1, 1]),
+    "max into repeated rows": lambda y, w: y.at[jnp.array([0, 0, 1, 2, 3]), 0].max(y[:, 1]),
 }
 
 
@@ -134,6 +145,11 @@ def _(primals, tangents):
     return jnp.tanh(x), (1 - jnp.tanh(x) ** 2) * dx + 0.3 * jnp.roll(dx, 1, axis=0)
 
 
+def scattered(t, y, p):  # the torchdiffeq idiom dy[:, k] = ...
+    du = stacked_mlp(t, y, p)
+    return jnp.zeros_like(y).at[:, 0].set(du[:, 0]).at[:, 1].set(du[:, 1] - 0.1 * y[:, 0])
+
+
 def three_per_row(t, y, p):  # rows apart, but 3 entries each: the stops are cheaper
     return jnp.concatenate([stacked_mlp(t, y[:, :2], p), -0.5 * y[:, 2:] * y[:, :1]], 1)
 
@@ -177,6 +193,7 @@ CASES = {
     "mlp": (stacked_mlp, Y0, 6),
     "relu": (stacked_relu, Y0, 6),
     "pytree": (pytree_state, {"x": Y0[:, 0], "v": Y0[:, 1]}, 6),
+    "scattered": (scattered, Y0, 6),
     "coupled": (coupled, Y0, None),
     "mixing derivative rule": (mixing_rule, Y0, None),
     "three entries per row": (three_per_row, jnp.concatenate([Y0, Y0[:, :1]], 1), None),

@@ -10,7 +10,8 @@ batch rather than ``B n`` — the cost it has under ``jax.vmap``.
 The analysis follows the axis of the rows through a function's equations (nested jaxprs of
 ``jit``, ``custom_jvp`` and ``remat`` included): elementwise operations, broadcasts, transposes,
 reshapes that keep the leading dimensions, stacking, reductions and contractions over other
-axes, and a matrix product in which the rows stay a free or batch dimension. Anything else that
+axes, gathers and scatters with constant indices along other axes (``y[:, idx]``,
+``y.at[:, k].set(v)``), and a matrix product in which the rows stay a free or batch dimension. Anything else that
 touches a row-carrying value (a reduction over the rows, a gather, a loop, a sort along the
 rows) marks what is computed from it as mixed, so a rule the analysis lacks costs speed, never
 a wrong gradient. A ``custom_jvp`` function is read through its primal jaxpr, which says
@@ -41,6 +42,7 @@ _REDUCTIONS = frozenset(
     "reduce_sum reduce_max reduce_min reduce_prod reduce_and reduce_or argmax argmin".split()
 )
 _CUMULATIVE = frozenset("cumsum cumprod cummax cummin cumlogsumexp".split())
+_SCATTERS = frozenset("scatter scatter-add scatter-mul scatter-min scatter-max".split())
 # calls whose jaxpr is the function itself, derivative included (a custom_jvp rule is taken to
 # keep the primal's rows, as jax.nn's do; a custom_vjp's backward pass is opaque, so it is not
 # followed, nor are loops and branches)
@@ -131,9 +133,13 @@ def _rule(eqn, ins) -> list:
     if name == "concatenate" and len(carried) == 1 and params["dimension"] not in carried:
         (a,) = carried
         return _same_size(a, shapes[ins.index(a)][a], out_shape)
+    if name in _SCATTERS:
+        return [_scatter_axis(params["dimension_numbers"], ins, shapes)]
     a = ins[0]
     if a is None or any(x is not None for x in ins[1:]):  # (indices, padding values)
         raise _Mixed
+    if name == "gather":
+        return [_gather_axis(params, a, shapes[0])]
     shape = shapes[0]
     if name == "broadcast_in_dim":
         b = params["broadcast_dimensions"][a]
@@ -217,3 +223,38 @@ def _dot_axis(params, ins, shapes) -> int:
     free = [d for d in range(len(shapes[side])) if d not in contract and d not in batch]
     offset = len(lb) + (0 if side == 0 else len(shapes[0]) - len(lc) - len(lb))
     return offset + free.index(a)
+
+
+def _windows(rank, collapsed, batching) -> list:
+    """The operand dimensions a gather or scatter moves whole slices of, in order."""
+    return [d for d in range(rank) if d not in collapsed and d not in batching]
+
+
+def _gather_axis(params, a, shape) -> int:
+    """The rows' axis in a gather's output (``y[:, idx]``): the operand's rows must be a slice
+    dimension taken whole, indexed by constants."""
+    dn = params["dimension_numbers"]
+    windows = _windows(len(shape), dn.collapsed_slice_dims, dn.operand_batching_dims)
+    if a in dn.start_index_map or a not in windows or params["slice_sizes"][a] != shape[a]:
+        raise _Mixed
+    return dn.offset_dims[windows.index(a)]
+
+
+def _scatter_axis(dn, ins, shapes) -> int:
+    """The rows' axis in a scatter's output (``y.at[:, idx].set(v)``): the operand's rows, and
+    the updates' where they carry them, must be the same whole window dimension, indexed by
+    constants."""
+    op_a, index_a, up_a = ins
+    windows = _windows(len(shapes[0]), dn.inserted_window_dims, dn.operand_batching_dims)
+    if index_a is not None:
+        raise _Mixed
+    if op_a is None:  # the updates carry the rows: which operand dimension they land in
+        if up_a not in dn.update_window_dims:
+            raise _Mixed
+        op_a = windows[list(dn.update_window_dims).index(up_a)]
+    if op_a in dn.scatter_dims_to_operand_dims or op_a not in windows:
+        raise _Mixed
+    window = dn.update_window_dims[windows.index(op_a)]
+    if shapes[2][window] != shapes[0][op_a] or up_a not in (None, window):
+        raise _Mixed
+    return op_a
