@@ -27,7 +27,7 @@ step() {  # step SECONDS NAME CMD...: run CMD under a time limit, its output als
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())" | tee -a "$log"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null | tee -a "$log"
 if [[ -n "${SMALL:-}" ]]; then
-    N3=32 NB=32 BATCHES=8,16 STACK=16 WN=64 WSTEPS=50
+    N3=32 NB=32 BATCHES=8 STACK=16 WN=64 WSTEPS=50
 else
     N3=256 NB=160 BATCHES=${BATCHES:-256} STACK=256 WN=256 WSTEPS=2000
 fi

@@ -138,9 +138,11 @@ class Tuning:
     propagator_entries: int = 8
     #: ... gathering at most this many saves per backward step: 100 saves over 5 forward steps
     #: took 7-8 backward steps with 16 (neural ODE, vmap 256, Interpolating: 151 ms with 16,
-    #: 123 with 32, 109 with 64). Outside vmap on CPU fewer, so that the propagators at the saves
-    #: stay under ``small_buffer_bytes`` (Lotka–Volterra, 20 saves, float64: 0.78 ms with 16
-    #: saves' 512 bytes, 2.5 ms with 20).
+    #: 123 with 32, 109 with 64). Outside vmap on CPU, for an ``f`` with fewer parameters than
+    #: ``backsolve_across_params`` (cheap), fewer, so that the propagators at the saves stay
+    #: under ``small_buffer_bytes`` (Lotka–Volterra, 20 saves, float64: 0.78 ms with 16 saves'
+    #: 512 bytes, 2.5 ms with 20); a network keeps them all (the neural ODE as one (4, 2)
+    #: state, 100 saves: 6.9 ms capped at 2 saves per step, 1.6 ms with 64).
     propagator_saves: int = 64
     #: a state of ``B`` independent rows (a batch stacked into one state, adjoint/rows.py)
     #: carries one propagator per row while a row has at most this many entries: each entry is

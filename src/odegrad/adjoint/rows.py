@@ -11,11 +11,13 @@ The analysis follows the axis of the rows through a function's equations (nested
 ``jit``, ``custom_jvp`` and ``remat`` included): elementwise operations, broadcasts, transposes,
 reshapes that keep the leading dimensions, stacking, reductions and contractions over other
 axes, gathers and scatters with constant indices along other axes (``y[:, idx]``,
-``y.at[:, k].set(v)``), and a matrix product in which the rows stay a free or batch dimension. Anything else that
-touches a row-carrying value (a reduction over the rows, a gather, a loop, a sort along the
-rows) marks what is computed from it as mixed, so a rule the analysis lacks costs speed, never
-a wrong gradient. A ``custom_jvp`` function is read through its primal jaxpr, which says
-nothing about its derivative rule; so the adjoint asks about the vector-Jacobian product it
+``y.at[:, k].set(v)``), and a matrix product in which the rows stay a free or batch
+dimension. Anything else that touches a row-carrying value (a reduction over the rows, a
+gather across rows, a loop, a sort along the rows) marks what is computed from it as mixed, so
+a rule the analysis lacks costs speed, never a wrong gradient.
+
+A ``custom_jvp`` function is read through its primal jaxpr, which says nothing about its
+derivative rule; so the adjoint asks about the vector-Jacobian product it
 will use (``jax.vjp`` of ``f``, with ``custom_jvp`` rules and ``custom_vjp`` backward passes
 traced into it, or the user's ``vjp=``): its cotangent in ``y`` must keep the rows of ``y``
 and of the incoming cotangent apart.
