@@ -45,12 +45,9 @@ from .._recorders import Accumulate
 from .._saving import SavePlan
 from .._solution import Result, host_check
 from .._step import AbstractStep, Adaptive, Fixed
-from .._tree import tree_add, tree_bytes, tree_scale, tree_size, tree_where, tree_zeros_like
-from .._tuning import tuning
-from ..solvers.explicit_rk import ExplicitRK
+from .._tree import tree_add, tree_scale, tree_where, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
-from .columns import ColumnSolver, PropagatorSolver, SaveColumns, widest_value
-from .rows import independent_rows
+from .columns import ColumnSolver, PropagatorSolver, SaveColumns, save_path
 from .sources import Pass, StateSource
 
 
@@ -204,55 +201,17 @@ class _Continuous(AbstractAdjoint):
         control = self._backward_control(problem)
         if isinstance(control, Adaptive | _Seminorm) and hasattr(solver_b, "with_tolerances"):
             solver_b = solver_b.with_tolerances(control.rtol, control.atol)
-        # the saves ride in the backward steps (columns.py) for explicit adaptive solves: as
-        # columns where y is readable anywhere, or, for small states, in the propagator (which
-        # reads y at its own stages, so Backsolve's re-integrated y serves too)
-        across = (
-            tuning().adjoint_columns > 0
-            and plan.ts is not None
-            and isinstance(control, Adaptive | _Seminorm)
-            and getattr(solver_b, "tableau", None) is not None  # explicit: the columns decouple
-        )
-        # a state of B independent row blocks (a batch stacked into one state) carries B
-        # blocks of the propagator in the same n products (rows.py)
-        per_row = tuning().row_propagator_entries
-        many = across and plan.ts.shape[0] >= tuning().row_propagator_saves
-        rows = self._row_blocks(problem, vjp, per_row) if many else 1
-        block = tree_size(ct.y1) // rows
-        propagator = (
-            across
-            and (
-                src.reads_anywhere
-                or (src.reintegrates and tree_size(args_diff) >= tuning().backsolve_across_params)
-            )
-            and 0 < block <= (tuning().propagator_entries if rows == 1 else per_row)
-            and isinstance(solver_b, ExplicitRK)
-            and solver_b.tableau.dense is not None  # its stage weights at the saves
-        )
-        columns = propagator or (across and src.reads_anywhere and self._columns_pay(problem, f))
+        # the saves ride in the backward steps (columns.py) or stop the backward solve
+        adaptive = isinstance(control, Adaptive | _Seminorm)
+        path = save_path(problem, f, vjp, src, solver_b, adaptive, ct.y1)
+        propagator, columns = path.propagator, path.columns
         points, labels, count = self._breakpoints(problem, keep, with_ts=not columns)
         tdtype = points.dtype
         y_at = partial(src.y, problem, keep)
         saves, g0 = None, tree_zeros_like(args_diff)
-        # columns cost one evaluation of f each per stage: fewer for a large state, and no more
-        # than there are saves
-        n_columns = min(tuning().adjoint_columns, tuning().column_entries // tree_size(ct.y1))
-        n_columns = max(1, min(n_columns, 0 if plan.ts is None else plan.ts.shape[0]))
         # dL/dp summed from each step's own sum, not a state of the backward ODE: the
         # quadrature's, and the propagator's (whose sum is the same for both adjoints)
         g_by_steps = self.quadrature or propagator
-        n_saves = 1 if plan.ts is None else min(tuning().propagator_saves, plan.ts.shape[0])
-        rule = tuning().small_buffer_bytes
-        at_save = tree_bytes(ct.y1) * block  # the propagator at each save, (M, B, m, m)
-        # XLA:CPU's small-buffer fast path pays for a cheap f (few parameters; a 4-entry
-        # tanh system, 200 saves: 2.1 ms capped, 5.1 ms not); on a network the cap's extra
-        # steps cost more (the neural ODE as one (4, 2) state, 100 saves: 6.9 ms capped at 2
-        # saves per step, 1.6 ms not)
-        cheap_f = tree_size(args_diff) < tuning().backsolve_across_params
-        if propagator and rule and problem.batch == 1 and rows == 1 and at_save <= rule and cheap_f:
-            n_saves = max(1, min(n_saves, rule // at_save))
-        if propagator and rows > 1:
-            n_saves = max(1, min(n_saves, tuning().row_propagator_bytes // at_save))
         reintegrate = None
         if propagator and src.reintegrates:
             ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
@@ -364,10 +323,18 @@ class _Continuous(AbstractAdjoint):
                 nodes = gauss_legendre(self._nodes(solver_b)) if self.quadrature else None
                 if propagator:
                     solver = PropagatorSolver(
-                        solver_b, saves, n_saves, reader, rates, state_rates, lo, reintegrate, rows
+                        solver_b,
+                        saves,
+                        path.n_saves,
+                        reader,
+                        rates,
+                        state_rates,
+                        lo,
+                        reintegrate,
+                        path.rows,
                     )
                 else:
-                    solver = ColumnSolver(solver_b, saves, n_columns, reader, rates, lo, nodes)
+                    solver = ColumnSolver(solver_b, saves, path.n_columns, reader, rates, lo, nodes)
                 # the column step computes its quadrature: its "dense output" is that sum
                 acc = (lambda t, dt, dense, a: dense) if g_by_steps else None
             adaptive = isinstance(control, Adaptive | _Seminorm)
@@ -491,33 +458,6 @@ class _Continuous(AbstractAdjoint):
             where = (carry["failed"], s * carry["failed_p"])
             grads = host_check(report, grads, any_member(raises), *where)
         return grads
-
-    @staticmethod
-    def _row_blocks(problem: Problem, vjp, per_row: int) -> int:
-        """``B`` where the state's leaves have ``B`` rows that the vector-Jacobian product the
-        backward pass uses keeps apart (a batch stacked into one state): read from that
-        product, so a derivative rule of the user's (``custom_jvp``, ``custom_vjp``,
-        ``vjp=``) is read too. Only looked for in a state too large for one propagator."""
-        if tree_size(problem.y0) <= tuning().propagator_entries or per_row == 0:
-            return 1
-        t = problem.direction * problem.tau0
-        pull = lambda y_ct, a: vjp(t, y_ct[0], a, y_ct[1])[0]
-        return independent_rows(pull, (problem.y0, problem.y0), problem.args_diff)
-
-    @staticmethod
-    def _columns_pay(problem: Problem, f) -> bool:
-        """Whether the saves should ride as columns rather than stop the backward solve: with at
-        least two columns per step (``Tuning.column_entries``), and, where the backend's tuning
-        says so, only while ``f``'s widest array, over the whole batch, leaves room for them
-        (``Tuning.column_width``)."""
-        t = tuning()
-        if t.column_entries // max(tree_size(problem.y0), 1) < 2:
-            return False
-        if t.column_width is None:
-            return True
-        rhs = lambda y, a: f(problem.direction * problem.tau0, y, problem.with_args(a))
-        width = widest_value(rhs, problem.y0, problem.args_diff) * max(problem.batch, 1)
-        return width <= t.column_width
 
     def _save_columns(self, problem: Problem, keep, ys, args_diff, ct, with_states=False):
         """The saves' jumps of ``a`` (merged per time) from the states there, and the sum of

@@ -57,9 +57,11 @@ import jax.numpy as jnp
 from jax.extend import core as jex_core
 from jax.flatten_util import ravel_pytree
 
-from .._tree import rms_error_ratio, tree_lincomb
+from .._tree import rms_error_ratio, tree_bytes, tree_lincomb, tree_size
+from .._tuning import tuning
 from ..solvers.base import AbstractSolver, StepResult
-from ..solvers.explicit_rk import dense_weights
+from ..solvers.explicit_rk import ExplicitRK, dense_weights
+from .rows import independent_rows
 
 PyTree = Any
 
@@ -143,6 +145,88 @@ def _widest(jaxpr, deps) -> int:
             one_to_one = len(inner.invars) == len(ins)
             widest = max(widest, _widest(inner, ins if one_to_one else [True] * len(inner.invars)))
     return widest
+
+
+class SavePath(NamedTuple):
+    """How a backward solve takes in the saves: in the propagator (``rows`` blocks of it, up to
+    ``n_saves`` saves per step), as columns (``n_columns`` per step), or, both ``False``, by
+    stopping at each."""
+
+    propagator: bool
+    columns: bool
+    rows: int = 1
+    n_saves: int = 1
+    n_columns: int = 1
+
+
+def save_path(problem, f, vjp, source, solver, adaptive: bool, a) -> SavePath:
+    """Choose :class:`SavePath` for a backward solve of ``solver`` (adaptive or not) whose
+    adjoint is shaped like ``a``: the saves ride in the steps of explicit adaptive solves, in
+    the propagator for small states (it reads ``y`` at its own stages, so ``Backsolve``'s
+    re-integrated ``y`` serves too) and for a batch of independent rows stacked into one state
+    (:mod:`~odegrad.adjoint.rows`), as columns where ``y`` is readable anywhere and the columns
+    pay (:func:`columns_pay`)."""
+    t = tuning()
+    ts = problem.plan.ts
+    explicit = getattr(solver, "tableau", None) is not None  # the columns decouple
+    if not (t.adjoint_columns > 0 and ts is not None and adaptive and explicit):
+        return SavePath(False, False)
+    size, n_params = tree_size(a), tree_size(problem.args_diff)
+    many = ts.shape[0] >= t.row_propagator_saves
+    rows = row_blocks(problem, vjp, t.row_propagator_entries) if many else 1
+    block = size // rows
+    propagator = (
+        (source.reads_anywhere or (source.reintegrates and n_params >= t.backsolve_across_params))
+        and 0 < block <= (t.propagator_entries if rows == 1 else t.row_propagator_entries)
+        and isinstance(solver, ExplicitRK)
+        and solver.tableau.dense is not None  # its stage weights at the saves
+    )
+    if propagator:
+        n_saves = min(t.propagator_saves, ts.shape[0])
+        at_save = tree_bytes(a) * block  # the propagator at each save, (M, B, m, m)
+        # XLA:CPU's small-buffer fast path pays for a cheap f (few parameters; a 4-entry tanh
+        # system, 200 saves: 2.1 ms capped, 5.1 ms not); on a network the cap's extra steps
+        # cost more (the neural ODE as one (4, 2) state, 100 saves: 6.9 ms capped at 2 saves
+        # per step, 1.6 ms not)
+        rule, cheap = t.small_buffer_bytes, n_params < t.backsolve_across_params
+        if rule and problem.batch == 1 and rows == 1 and at_save <= rule and cheap:
+            n_saves = min(n_saves, rule // at_save)
+        if rows > 1:
+            n_saves = min(n_saves, t.row_propagator_bytes // at_save)
+        return SavePath(True, True, rows, max(1, n_saves))
+    if not (source.reads_anywhere and columns_pay(problem, f)):
+        return SavePath(False, False)
+    # columns cost one evaluation of f each per stage: fewer for a large state, and no more
+    # than there are saves
+    n_columns = min(t.adjoint_columns, t.column_entries // size, ts.shape[0])
+    return SavePath(False, True, n_columns=max(1, n_columns))
+
+
+def row_blocks(problem, vjp, per_row: int) -> int:
+    """``B`` where the state's leaves have ``B`` rows that the vector-Jacobian product the
+    backward pass uses keeps apart (a batch stacked into one state): read from that product, so
+    a derivative rule of the user's (``custom_jvp``, ``custom_vjp``, ``vjp=``) is read too. Only
+    looked for in a state too large for one propagator."""
+    if tree_size(problem.y0) <= tuning().propagator_entries or per_row == 0:
+        return 1
+    t = problem.direction * problem.tau0
+    pull = lambda y_ct, a: vjp(t, y_ct[0], a, y_ct[1])[0]
+    return independent_rows(pull, (problem.y0, problem.y0), problem.args_diff)
+
+
+def columns_pay(problem, f) -> bool:
+    """Whether the saves should ride as columns rather than stop the backward solve: with at
+    least two columns per step (``Tuning.column_entries``), and, where the backend's tuning
+    says so, only while ``f``'s widest array, over the whole batch, leaves room for them
+    (``Tuning.column_width``)."""
+    t = tuning()
+    if t.column_entries // max(tree_size(problem.y0), 1) < 2:
+        return False
+    if t.column_width is None:
+        return True
+    rhs = lambda y, a: f(problem.direction * problem.tau0, y, problem.with_args(a))
+    width = widest_value(rhs, problem.y0, problem.args_diff) * max(problem.batch, 1)
+    return width <= t.column_width
 
 
 class SaveColumns(NamedTuple):
