@@ -235,3 +235,16 @@ def test_few_saves_stop_instead(propagator_rows):
     g, exact = jax.jit(both)(P)
     assert rel(jax.tree.leaves(g), jax.tree.leaves(exact)) < 2e-6
     assert propagator_rows == []
+
+
+def test_explain_names_the_row_propagator():
+    def explain(f, y0):
+        return og.explain_adjoint(
+            f, y0, (0.0, 2.0), P, saveat=og.SaveAt(ts=TS), adjoint=og.Interpolating()
+        )
+
+    assert "in one 2 x 2 propagator per row of the state's 6 independent rows" in explain(
+        stacked_mlp, Y0
+    )
+    # rows that mix, a narrow f: the saves as columns (a state of 12 entries)
+    assert "up to 16 as columns per step" in explain(coupled, Y0)

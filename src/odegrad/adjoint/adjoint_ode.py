@@ -45,7 +45,7 @@ from .._recorders import Accumulate
 from .._saving import SavePlan
 from .._solution import Result, host_check
 from .._step import AbstractStep, Adaptive, Fixed
-from .._tree import tree_add, tree_scale, tree_where, tree_zeros_like
+from .._tree import tree_add, tree_scale, tree_size, tree_where, tree_zeros_like
 from .base import AbstractAdjoint, Problem, call_custom_vjp
 from .columns import ColumnSolver, PropagatorSolver, SaveColumns, save_path
 from .sources import Pass, StateSource
@@ -185,6 +185,44 @@ class _Continuous(AbstractAdjoint):
         return f, vjp, vjp_columns, vjp_state
 
     # -- the backward pass ------------------------------------------------------------------------
+    def _backward_solver(self, problem: Problem):
+        """The backward pass's solver and its step-size control."""
+        solver_b = problem.solver.adjoint_solver() if self.solver is None else self.solver
+        if solver_b.partitioned:  # the backward state is not a (u, v) pair
+            solver_b = _default_explicit()
+        solver_b = solver_b.with_user_args(None)  # user callbacks describe the forward system
+        control = self._backward_control(problem)
+        if isinstance(control, Adaptive | _Seminorm) and hasattr(solver_b, "with_tolerances"):
+            solver_b = solver_b.with_tolerances(control.rtol, control.atol)
+        return solver_b, control
+
+    def saves_text(self, problem: Problem) -> str:
+        """How the save times enter the backward solve (for ``explain_adjoint``)."""
+        ts = problem.plan.ts
+        if ts is None:
+            return ""
+        f, vjp, *_ = self._rhs_and_vjp(problem)
+        solver_b, control = self._backward_solver(problem)
+        adaptive = isinstance(control, Adaptive | _Seminorm)
+        path = save_path(problem, f, vjp, self.source, solver_b, adaptive, problem.y0)
+        n, size = ts.shape[0], tree_size(problem.y0)
+        if path.propagator and path.rows > 1:
+            m = size // path.rows
+            return (
+                f"; the {n} saves ride inside the backward steps, in one {m} x {m} propagator "
+                f"per row of the state's {path.rows} independent rows"
+            )
+        if path.propagator:
+            return (
+                f"; the {n} saves ride inside the backward steps, in the {size} x {size} propagator"
+            )
+        if path.columns:
+            return (
+                f"; the {n} saves ride inside the backward steps, up to {path.n_columns} as "
+                "columns per step"
+            )
+        return f"; the backward solve stops at each of the {n} saves"
+
     def _backward(self, problem: Problem, y0, args_diff, keep, ct: LoopOutput):
         plan, s, src = problem.plan, problem.direction, self.source
         if plan.dense:
@@ -194,13 +232,7 @@ class _Continuous(AbstractAdjoint):
                 stacklevel=2,
             )
         f, vjp, vjp_columns, vjp_state = self._rhs_and_vjp(problem)
-        solver_b = problem.solver.adjoint_solver() if self.solver is None else self.solver
-        if solver_b.partitioned:  # the backward state is not a (u, v) pair
-            solver_b = _default_explicit()
-        solver_b = solver_b.with_user_args(None)  # user callbacks describe the forward system
-        control = self._backward_control(problem)
-        if isinstance(control, Adaptive | _Seminorm) and hasattr(solver_b, "with_tolerances"):
-            solver_b = solver_b.with_tolerances(control.rtol, control.atol)
+        solver_b, control = self._backward_solver(problem)
         # the saves ride in the backward steps (columns.py) or stop the backward solve
         adaptive = isinstance(control, Adaptive | _Seminorm)
         path = save_path(problem, f, vjp, src, solver_b, adaptive, ct.y1)

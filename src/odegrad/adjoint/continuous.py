@@ -87,7 +87,7 @@ class Interpolating(_Continuous):
     def describe(self, problem: Problem) -> str:
         return (
             f"{type(self).__name__}(): the continuous adjoint, reading y(t) from the forward "
-            f"pass's dense output; {self.policy(problem).text}"
+            f"pass's dense output; {self.policy(problem).text}{self.saves_text(problem)}"
         )
 
     @staticmethod
