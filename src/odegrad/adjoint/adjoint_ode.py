@@ -96,9 +96,8 @@ class _Continuous(AbstractAdjoint):
                 f"{type(self).__name__}(vjp=...) is for a single f(t, y, args); partitioned "
                 "solvers use the default jax.vjp."
             )
-        adaptive_back = isinstance(self._backward_control(problem), Adaptive | _Seminorm)
-        solver_b = problem.solver.adjoint_solver() if self.solver is None else self.solver
-        if adaptive_back and not solver_b.partitioned and not solver_b.adaptive:
+        solver_b, control = self._backward_solver(problem)
+        if isinstance(control, Adaptive | _Seminorm) and not solver_b.adaptive:
             raise ValueError(
                 f"{type(self).__name__}() would integrate the adjoint with {solver_b!r} and "
                 "adaptive steps (step=og.Adaptive(...)), which need an error estimate that "
@@ -206,22 +205,17 @@ class _Continuous(AbstractAdjoint):
         adaptive = isinstance(control, Adaptive | _Seminorm)
         path = save_path(problem, f, vjp, self.source, solver_b, adaptive, problem.y0)
         n, size = ts.shape[0], tree_size(problem.y0)
-        if path.propagator and path.rows > 1:
-            m = size // path.rows
-            return (
-                f"; the {n} saves ride inside the backward steps, in one {m} x {m} propagator "
-                f"per row of the state's {path.rows} independent rows"
-            )
-        if path.propagator:
-            return (
-                f"; the {n} saves ride inside the backward steps, in the {size} x {size} propagator"
-            )
-        if path.columns:
-            return (
-                f"; the {n} saves ride inside the backward steps, up to {path.n_columns} as "
-                "columns per step"
-            )
-        return f"; the backward solve stops at each of the {n} saves"
+        if not (path.propagator or path.columns):
+            return f"; the backward solve stops at each of the {n} saves"
+        m = size // path.rows
+        how = (
+            f"up to {path.n_columns} as columns per step"
+            if not path.propagator
+            else f"in the {m} x {m} propagator"
+            if path.rows == 1
+            else f"in one {m} x {m} propagator per row of the state's {path.rows} independent rows"
+        )
+        return f"; the {n} saves ride inside the backward steps, {how}"
 
     def _backward(self, problem: Problem, y0, args_diff, keep, ct: LoopOutput):
         plan, s, src = problem.plan, problem.direction, self.source

@@ -55,7 +55,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.extend import core as jex_core
-from jax.flatten_util import ravel_pytree
 
 from .._tree import rms_error_ratio, tree_bytes, tree_lincomb, tree_size
 from .._tuning import tuning
@@ -88,9 +87,6 @@ def _solve(m, b):
 def _blocks(tree, rows: int):
     """``tree``'s entries as ``(rows, m)``: row block ``b`` holds row ``b`` of every leaf (all
     of them when ``rows`` is 1), and the function that puts such an array back."""
-    if rows == 1:
-        flat, unravel = ravel_pytree(tree)
-        return flat[None], lambda x: unravel(x[0])
     leaves, treedef = jax.tree.flatten(tree)
     dtype = jnp.result_type(*leaves)
     parts = [jnp.reshape(x, (rows, -1)).astype(dtype) for x in leaves]
