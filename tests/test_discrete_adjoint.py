@@ -734,6 +734,34 @@ def test_jvp_fixed_step_count_int_checkpoints_jit():
     _jvp_vs_vjp("rk4_fixed", 5)
 
 
+@pytest.mark.parametrize("checkpoints", [None, maybe_slow(2, True)])
+def test_hessian_adaptive_forward_over_reverse(checkpoints):
+    """``jax.hessian`` (forward over reverse) of an adaptive solve: the reverse pass takes a JVP
+    under jacfwd's vmap, its member-gated replay loops included (they recursed without end).
+    The gradient holds the steps fixed, so its Hessian is forward mode applied twice to the
+    plain loop: the same function, to rounding. Also a Hessian-vector product by jax.jvp."""
+
+    def loss(p):
+        sol = og.solve(
+            lotka_volterra,
+            jnp.array([1.0, 0.5]),
+            (0.0, 2.0),
+            p,
+            step=og.Adaptive(rtol=1e-8, atol=1e-8),
+            saveat=og.SaveAt(ts=FIXED_SAVE_TS),
+            adjoint=og.Discrete(checkpoints),
+        )
+        return jnp.sum(sol.ys**2)
+
+    p = jnp.array([1.1, 0.4, 0.4, 0.1])
+    hessian = jax.jit(jax.hessian(loss))(p)
+    forward_twice = jax.jacfwd(jax.jacfwd(loss))(p)
+    assert_close(hessian, forward_twice, 1e-12, f"hessian, checkpoints={checkpoints}")
+    v = jnp.array([0.3, -1.0, 0.5, 2.0])
+    hvp = jax.jit(lambda p: jax.jvp(jax.grad(loss), (p,), (v,))[1])(p)
+    assert_close(hvp, forward_twice @ v, 1e-12, "hessian-vector product")
+
+
 # --------------------------------------------------------------------------------------------
 # 7. float32
 

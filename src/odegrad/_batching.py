@@ -47,20 +47,37 @@ max_member = _reduced_over_batch(
 )
 
 
-@jax.custom_batching.custom_vmap
+@jax.custom_jvp
 def member_where(pred, new, old):
     """``new`` where ``pred``, else ``old``, for loops whose control is unbatched and where
     ``pred`` holds for every member unless ``jax.vmap`` batches it: then this is ``new`` at no
-    cost, and a batched ``pred`` selects per member (``jnp.where``)."""
+    cost, and a batched ``pred`` selects per member (``jnp.where``).
+
+    Forward-mode derivatives select the tangents with ``jnp.where`` (a ``custom_vmap`` has no
+    JVP of its own that JAX can take: the Hessian ``jax.jacfwd(jax.grad(...))`` of a reverse
+    pass built on this recursed without end)."""
+    return _member_where(pred, new, old)
+
+
+@member_where.defjvp
+def _member_where_jvp(primals, tangents):
+    pred, new, old = primals
+    _, d_new, d_old = tangents
+    d_out = jax.tree.map(lambda a, b: jnp.where(pred, a, b), d_new, d_old)
+    return member_where(pred, new, old), d_out
+
+
+@jax.custom_batching.custom_vmap
+def _member_where(pred, new, old):
     del pred, old
     return new
 
 
-@member_where.def_vmap
+@_member_where.def_vmap
 def _member_where_vmap(axis_size, in_batched, pred, new, old):
     pred_b, new_b, old_b = in_batched
     if not pred_b:
-        return member_where(pred, new, old), new_b
+        return _member_where(pred, new, old), new_b
 
     def pick(x, xb, y, yb):
         x = x if xb else jnp.broadcast_to(x, (axis_size, *jnp.shape(x)))

@@ -47,8 +47,11 @@ class Discrete(AbstractAdjoint):
     the module docstring; ``og.Auto`` then picks an error-controlled method).
 
     Args:
-        checkpoints: ``"all"`` keeps every step (nothing is recomputed); an int ``c`` keeps at most
-            ``c`` states and recomputes the rest under Griewank's binomial (revolve) schedule,
+        checkpoints: ``"all"`` keeps every step (on a grid known at trace time JAX's reverse
+            pass keeps what each step needs and nothing is recomputed; on an adaptive solve
+            every step's state is kept, and each step's VJP re-evaluates that step's stages,
+            none re-taken from an earlier state); an int ``c`` keeps at most ``c`` states
+            and recomputes the rest under Griewank's binomial (revolve) schedule,
             for fixed and adaptive solves alike (adaptive solves record their step sizes and the
             schedule is made at run time once the step count is known; the forward pass keeps
             the first ``c`` states, so a solve of at most ``c`` steps recomputes nothing).

@@ -1,7 +1,7 @@
 """How many states an adjoint keeps: one policy, whose text ``og.explain_adjoint`` prints.
 
 Every reverse pass needs the forward states, last first. It either keeps each step's record
-(``"all"``: nothing recomputed) or keeps ``c`` checkpoints and recomputes the rest on a binomial
+(``"all"``: no step re-taken) or keeps ``c`` checkpoints and recomputes the rest on a binomial
 schedule (:mod:`~odegrad.adjoint.checkpointing`). :func:`checkpoint_policy` decides between them
 from the bytes one step's record takes, the step count (static, or at most ``max_steps``), the
 memory budget and the vmap batch: a batched solve holds one copy per member, so the budget is
@@ -78,7 +78,8 @@ def checkpoint_policy(
         return CheckpointPolicy(
             "all",
             f"a buffer for all max_steps={problem.max_steps} steps takes {_mib(rows)} (at most "
-            f"{_mib(keep_all)}), so every step is kept and nothing is recomputed",
+            f"{_mib(keep_all)}), so every step's state is kept and no step is re-taken from "
+            "an earlier one",
         )
     row = max(problem.checkpoint_bytes(), 1) * batch
     slots = max(t.adaptive_prefix_bytes // row, t.adaptive_min_slots)
