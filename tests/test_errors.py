@@ -98,24 +98,43 @@ def test_t_span_not_finite():
 @pytest.mark.parametrize(
     "where, build",
     [
-        ("t_span", lambda T: dict(t_span=(0.0, T))),
         ("Fixed(dt)", lambda T: dict(t_span=(0.0, 1.0), step=og.Fixed(T / 10))),
-        ("SaveAt(ts)", lambda T: dict(t_span=(0.0, 2.0), saveat=og.SaveAt(ts=T * jnp.ones(1)))),
+        ("StepTo(ts)", lambda T: dict(t_span=(0.0, T), step=og.StepTo(jnp.linspace(0.0, T, 5)))),
     ],
 )
 @pytest.mark.parametrize("transform", ["grad", "jvp"])
-def test_differentiated_times_named(where, build, transform):
-    """Differentiating through a time input raised a leaked-tracer error deep inside JAX."""
+def test_differentiated_step_grid_named(where, build, transform):
+    """Differentiating through a step size or step grid raised a leaked-tracer error deep
+    inside JAX; the message names the input and the fix."""
 
     def loss(T):
         kw = build(T)
         return og.solve(decay, Y0, kw.pop("t_span"), **kw).ys[-1].sum()
 
-    with raises(ValueError, where, "is being differentiated", "T * f(t0 + s T, y, args)"):
+    fragments = ("is being differentiated", "stop_gradient")
+    if where == "StepTo(ts)":  # t_span moves too: the time derivatives refuse a given grid
+        fragments = ("t_span or SaveAt(ts) is being differentiated", "step=og.StepTo(ts)")
+    with raises(ValueError, where, *fragments):
         if transform == "grad":
             jax.jit(jax.grad(loss))(1.0)
         else:
             jax.jvp(loss, (1.0,), (1.0,))
+
+
+@pytest.mark.parametrize(
+    "where, kw",
+    [
+        ("SaveAt(dense=True)", dict(saveat=og.SaveAt(t1=True, dense=True))),
+        ("SaveAt(fn=...)", dict(saveat=og.SaveAt(t1=True, fn=lambda t, y, a: y[0]))),
+        ("events=", dict(events=og.Event(lambda t, y, a: y[0] - 0.5))),
+    ],
+)
+def test_differentiated_t_span_unsupported_outputs_named(where, kw):
+    def loss(T):
+        return jnp.sum(og.solve(decay, Y0, (0.0, T), **kw).ys[-1])
+
+    with raises(ValueError, "t_span or SaveAt(ts) is being differentiated", where, "T * f(t0"):
+        jax.grad(loss)(1.0)
 
 
 def test_differentiated_times_advice_works():
@@ -136,6 +155,9 @@ def test_differentiated_times_advice_works():
 
     y1 = og.solve(f, Y0, (0.0, 1.3), 0.7, step=tight).ys[-1]
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(1.3), f(1.3, y1, 0.7).sum(), rtol=1e-4)
+    # and t1 differentiated directly (odegrad._times) gives the same
+    direct = jax.grad(lambda T: og.solve(f, Y0, (0.0, T), 0.7, step=tight).ys[-1].sum())(1.3)
+    np.testing.assert_allclose(direct, f(1.3, y1, 0.7).sum(), rtol=1e-4)
 
 
 def test_saveat_ts_unsorted():

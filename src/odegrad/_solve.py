@@ -28,6 +28,7 @@ from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
 from ._solution import Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _is_concrete
+from ._times import differentiated, solve_with_time_derivatives
 from ._tree import partition_args, split_arrays
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
@@ -60,7 +61,10 @@ def solve(
             solvers a pair ``(f_u, f_v)`` with ``du/dt = f_u(t, v, args)``,
             ``dv/dt = f_v(t, u, args)`` and ``y0 = (u0, v0)``.
         y0: the initial state, any pytree of floating arrays (scalars and vectors may mix).
-        t_span: ``(t0, t1)``; ``t1 < t0`` integrates backwards.
+        t_span: ``(t0, t1)``; ``t1 < t0`` integrates backwards. ``jax.grad``, ``jax.jvp`` and
+            ``jax.jacfwd`` reach ``t0``, ``t1`` and ``SaveAt(ts)`` too (the ODE's derivatives,
+            ``d y(s) / d s = f(s, y(s))``, for the states saved at ``t0``, ``ts`` and ``t1``;
+            see the docs' adjoints page).
         args: any pytree passed to ``f``; gradients flow to its floating arrays and to arrays
             that ``f`` closes over.
         solver: default ``og.Tsit5()``.
@@ -94,6 +98,11 @@ def solve(
     """
     options = dict(solver=solver, step=step, saveat=saveat, adjoint=adjoint, max_steps=max_steps)
     options.update(throw=throw, events=events, max_events=max_events)
+    if differentiated((t_span, None if saveat is None else saveat.ts)):
+        # d/dt0, d/dt1, d/dts around the solve, whose adjoint holds the times constant
+        options["progress"] = progress
+        ts, ys, stats, result = solve_with_time_derivatives(solve, f, y0, t_span, args, options)
+        return Solution(ts, ys, stats, result)
     mesh = explicit_mesh((y0, args, t_span))
     if mesh is not None:  # sharded over a mesh with Explicit axes: see _scaleout.py
         run = lambda y, a, ts: solve(f, y, ts, a, progress=progress, **options)
@@ -331,24 +340,12 @@ def _as_state(y0):
     return y0
 
 
-def _differentiating_tracers() -> tuple[type, ...]:
-    """The tracer types of ``jax.jvp`` and ``jax.grad`` (private to JAX: none if they move)."""
-    try:
-        from jax._src.interpreters import ad
-    except ImportError:  # pragma: no cover - a JAX without this module
-        return ()
-    found = (getattr(ad, name, None) for name in ("JVPTracer", "LinearizeTracer"))
-    return tuple(t for t in found if t is not None)
-
-
-_DIFFERENTIATING = _differentiating_tracers()
-
-
 def _check_times_constant(t_span, step, saveat):
-    """Raise where a time input is being differentiated (``jax.grad``/``jax.jvp`` through
-    ``t_span``, a step size or save times): the adjoints take the time grid as constant and
+    """Raise where a step size or a step grid is being differentiated (``jax.grad``/``jax.jvp``
+    through ``Fixed(dt)`` or ``StepTo(ts)``): the adjoints take the step grid as constant and
     their custom derivative rules cannot return its cotangent, so JAX would fail with a leaked
-    tracer, deep inside, after the solve."""
+    tracer, deep inside, after the solve. (``t_span`` and ``SaveAt(ts)`` have derivatives of
+    their own, :mod:`odegrad._times`; here only when traced by ``explain_adjoint``.)"""
     inputs = {"t_span": t_span}
     if isinstance(step, Fixed):
         inputs["Fixed(dt)"] = step.dt
@@ -357,14 +354,13 @@ def _check_times_constant(t_span, step, saveat):
     if saveat.ts is not None:
         inputs["SaveAt(ts)"] = saveat.ts
     for name, value in inputs.items():
-        if any(isinstance(v, _DIFFERENTIATING) for v in jax.tree.leaves(value)):
+        if differentiated(value):
             raise ValueError(
                 f"og.solve: {name} is being differentiated (jax.grad or jax.jvp reaches it). "
-                "The time grid is held constant by every adjoint, so its derivative is not "
-                "available. To differentiate with respect to a time span T, solve on s in "
-                "[0, 1] with the vector field scaled, f_s(s, y, (T, args)) = T * f(t0 + s T, y, "
-                "args), and pass T inside args; or wrap it in jax.lax.stop_gradient if its "
-                "derivative is not wanted."
+                "The step grid is held constant by every adjoint: a solution's dependence on "
+                "its step sizes is its discretisation error, not a derivative of the ODE's. "
+                "Wrap it in jax.lax.stop_gradient; derivatives with respect to t0, t1 and "
+                "SaveAt(ts) are available with og.Adaptive() and og.Fixed(dt)."
             )
 
 

@@ -1,0 +1,178 @@
+"""Reverse-mode derivatives with respect to the times: ``t0``, ``t1`` and ``SaveAt(ts)``.
+
+Every adjoint holds the time grid constant. The saved states depend on the times as the ODE's
+solution does (Hairer, Nørsett and Wanner, *Solving ODEs I*, I.14):
+
+* a state saved at time ``s`` (a save time, or ``t1``): ``d y(s) / d s = f(s, y(s))``;
+* the start: moving ``t0`` with ``y0`` held shifts the whole trajectory,
+  ``d y(s) / d t0 = -(d y(s) / d y0) f(t0, y0)``, so ``dL/dt0 = -<a0, f(t0, y0)>`` with ``a0``
+  the cotangent of ``y0`` through every saved state after ``t0`` (the row that
+  ``SaveAt(t0=True)`` saves is ``y0`` itself and does not move).
+
+:func:`solve_with_time_derivatives` wraps the solve in a custom VJP that adds these to the
+adjoint's gradient, one evaluation of ``f`` per saved row. They are the ODE's derivatives: the
+discretised solve's differ from them by its error, like the continuous adjoints' gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._saveat import SaveAt
+from ._step import StepTo
+from ._tree import split_arrays
+
+
+def _differentiating_tracers() -> tuple[type, ...]:
+    """The tracer types of ``jax.jvp`` and ``jax.grad`` (private to JAX: none if they move)."""
+    try:
+        from jax._src.interpreters import ad
+    except ImportError:  # pragma: no cover - a JAX without this module
+        return ()
+    found = (getattr(ad, name, None) for name in ("JVPTracer", "LinearizeTracer"))
+    return tuple(t for t in found if t is not None)
+
+
+DIFFERENTIATING = _differentiating_tracers()
+
+
+def differentiated(tree) -> bool:
+    """Whether ``jax.grad`` or ``jax.jvp`` reaches a leaf of ``tree``."""
+    return any(isinstance(x, DIFFERENTIATING) for x in jax.tree.leaves(tree))
+
+
+def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
+    """``solve(f, y0, t_span, args, **options)`` whose ``sol.ts`` and ``sol.ys`` have
+    reverse-mode derivatives with respect to ``t_span`` and ``SaveAt(ts)`` too."""
+    saveat = options["saveat"] or SaveAt(t1=True)
+    options = {**options, "saveat": saveat}
+    _check_supported(saveat, options)
+    arrays, rebuild, _ = split_arrays(args)
+    partitioned = options["solver"] is not None and options["solver"].partitioned
+
+    def outputs(times, y0, arrays):
+        if differentiated(times):  # an outer derivative of the times: its rules are first-order
+            raise NotImplementedError(
+                "og.solve: second derivatives with respect to t_span or SaveAt(ts) are not "
+                "supported (first derivatives are, in reverse and in forward mode)."
+            )
+        t0, t1, ts = times
+        inner = {**options, "saveat": dataclasses.replace(saveat, ts=ts)}
+        sol = solve(f, y0, (t0, t1), rebuild(arrays), **inner)
+        return (sol.ts, sol.ys), (sol.stats, sol.result)
+
+    def rhs(t, y, arrays):
+        a = rebuild(arrays)
+        if partitioned:
+            (f_u, f_v), (u, v) = f, y
+            return f_u(t, v, a), f_v(t, u, a)
+        return f(t, y, a)
+
+    first = 1 if saveat.t0 else 0  # the t0 row saves y0 itself: it does not move with t0
+    moving = lambda tree: jax.tree.map(lambda x: x[first:], tree)
+
+    @jax.custom_vjp
+    def run(times, y0, arrays):
+        return outputs(times, y0, arrays)
+
+    def run_fwd(times, y0, arrays):
+        (ts, ys), pullback, aux = jax.vjp(
+            lambda y, a: outputs(times, y, a), y0, arrays, has_aux=True
+        )
+        return ((ts, ys), aux), (pullback, times, y0, arrays, ts, ys)
+
+    def run_bwd(res, ct):
+        pullback, times, y0, arrays, ts, ys = res
+        (ct_ts, ct_ys), _ = ct
+        ct_y0, ct_arrays = pullback((jnp.zeros_like(ts), ct_ys))
+        # each saved row's time: its own cotangent, and the state's motion <ct, f(t, y)>
+        moved = lambda t, y, c: _dot(c, rhs(t, y, arrays))
+        per_row = ct_ts[first:] + jax.vmap(moved)(ts[first:], moving(ys), moving(ct_ys))
+        t0, t1, save_ts = times
+        n_ts = 0 if save_ts is None else jnp.shape(save_ts)[0]
+        a0 = ct_y0  # less the t0 row's own cotangent, which reached y0 unchanged
+        if saveat.t0:
+            a0 = jax.tree.map(lambda c, r: c - r[0], ct_y0, ct_ys)
+        ct_t0 = (ct_ts[0] if saveat.t0 else 0) - _dot(a0, rhs(t0, y0, arrays))
+        ct_t1 = per_row[n_ts] if saveat.t1 else 0
+        cts = (_like(ct_t0, t0), _like(ct_t1, t1), _like(per_row[:n_ts], save_ts))
+        return cts, ct_y0, ct_arrays
+
+    run.defvjp(run_fwd, run_bwd)
+
+    # forward mode (jax.jvp, jacfwd), which a custom VJP refuses: the same derivatives pushed
+    # forward, y0's tangent less f(t0, y0) dt0 through the solve
+    @jax.custom_jvp
+    def run_forward_mode(times, y0, arrays):
+        return outputs(times, y0, arrays)
+
+    @run_forward_mode.defjvp
+    def _(primals, tangents):
+        times, y0, arrays = primals
+        (d_t0, d_t1, d_ts), d_y0, d_arrays = tangents
+        t0, _, save_ts = times
+        f0 = rhs(t0, y0, arrays)
+        shifted = jax.tree.map(lambda d, g: d - g * d_t0, d_y0, f0)
+        (ts, ys), (d_ts_out, d_ys), aux = jax.jvp(
+            lambda y, a: outputs(times, y, a), (y0, arrays), (shifted, d_arrays), has_aux=True
+        )
+        row = lambda d: jnp.reshape(jnp.asarray(d, ts.dtype), (-1,))
+        d_times = [row(d_t0)] if saveat.t0 else []
+        d_times += [] if save_ts is None else [row(d_ts)]
+        d_times += [row(d_t1)] if saveat.t1 else []
+        d_row = jnp.concatenate(d_times)
+        motion = jax.vmap(lambda t, y, d: jax.tree.map(lambda g: g * d, rhs(t, y, arrays)))(
+            ts[first:], moving(ys), d_row[first:]
+        )
+        d_ys = jax.tree.map(lambda d, m: d.at[first:].add(m), d_ys, motion)
+        if saveat.t0:  # the t0 row is y0: its tangent is y0's, not the shifted one
+            d_ys = jax.tree.map(lambda d, g: d.at[0].add(g * d_t0), d_ys, f0)
+        zeros = jax.tree.map(lambda x: np.zeros(jnp.shape(x), jax.dtypes.float0), aux)
+        return ((ts, ys), aux), ((d_row + 0 * d_ts_out, d_ys), zeros)
+
+    t0, t1 = t_span
+    times = (t0, t1, saveat.ts)
+    try:
+        (ts, ys), (stats, result) = run(times, y0, arrays)
+    except TypeError as e:
+        if "forward-mode" not in str(e):
+            raise
+        (ts, ys), (stats, result) = run_forward_mode(times, y0, arrays)
+    return ts, ys, stats, result
+
+
+def _like(c, t):
+    """A cotangent ``c`` shaped and typed like the time ``t`` (``None`` for ``None``)."""
+    if t is None:
+        return None
+    return jnp.broadcast_to(c, jnp.shape(t)).astype(jnp.result_type(t))
+
+
+def _dot(a: Any, b: Any):
+    """``<a, b>`` summed over the leaves of two pytrees of one structure."""
+    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def _check_supported(saveat, options: dict) -> None:
+    unsupported = {
+        "SaveAt(fn=...)": saveat.fn is not None,
+        "SaveAt(steps=True)": saveat.steps,
+        "SaveAt(dense=True)": saveat.dense,
+        "events=": options.get("events") is not None,
+        "step=og.StepTo(ts)": isinstance(options.get("step"), StepTo),
+    }
+    used = [name for name, on in unsupported.items() if on]
+    if used:
+        raise ValueError(
+            f"og.solve: t_span or SaveAt(ts) is being differentiated, which is supported for "
+            f"states saved at t0, t1 and SaveAt(ts), not with {', '.join(used)}. To "
+            "differentiate with respect to a time span T there, solve on s in [0, 1] with the "
+            "vector field scaled, f_s(s, y, (T, args)) = T * f(t0 + s T, y, args), and pass T "
+            "inside args; or wrap the times in jax.lax.stop_gradient if their derivative is "
+            "not wanted."
+        )
