@@ -160,7 +160,7 @@ def vmap_batch_size(tree: PyTree) -> int:
     if not traced:
         return 1
     # one scalar batched along every vmap that batches any leaf (dead code once traced)
-    probe = sum(jnp.ravel(x)[:1].sum().astype(jnp.float32) for x in traced)
+    probe = sum(jnp.real(jnp.ravel(x)[:1].sum()).astype(jnp.float32) for x in traced)
     _PROBED.clear()
     try:
         _batch_probe(jax.lax.stop_gradient(probe))

@@ -60,7 +60,9 @@ def solve(
         f: ``f(t, y, args) -> dy/dt`` with the pytree structure of ``y``; for partitioned
             solvers a pair ``(f_u, f_v)`` with ``du/dt = f_u(t, v, args)``,
             ``dv/dt = f_v(t, u, args)`` and ``y0 = (u0, v0)``.
-        y0: the initial state, any pytree of floating arrays (scalars and vectors may mix).
+        y0: the initial state, any pytree of floating arrays (scalars and vectors may mix), of
+            one dtype: real, or complex (a Schrödinger equation) with an explicit or
+            partitioned solver and the ``og.Discrete`` adjoint (``og.Auto()`` picks it).
         t_span: ``(t0, t1)``; ``t1 < t0`` integrates backwards. ``jax.grad``, ``jax.jvp`` and
             ``jax.jacfwd`` reach ``t0``, ``t1`` and ``SaveAt(ts)`` too (the ODE's derivatives,
             ``d y(s) / d s = f(s, y(s))``, for the states saved at ``t0``, ``ts`` and ``t1``;
@@ -169,7 +171,10 @@ def _build_problem(
     events = prepare_events(events, max_events)
 
     y0 = _as_state(y0)
-    tdtype = jnp.result_type(*jax.tree.leaves(y0))
+    if jnp.iscomplexobj(jax.tree.leaves(y0)[0]):
+        _check_complex_state(solver, adjoint)
+    # times are real: a complex state's real counterpart
+    tdtype = jnp.finfo(jnp.result_type(*jax.tree.leaves(y0))).dtype
     t0, t1 = _check_t_span(t_span, tdtype)
     _check_times_constant(t_span, step, saveat)
     s = _direction(t0, t1)
@@ -317,16 +322,43 @@ def _check_types(f, solver, step, saveat, adjoint, max_steps):
         )
 
 
+def _check_complex_state(solver, adjoint):
+    """A complex state: explicit and partitioned solvers step it as they step a real one (the
+    error norm takes moduli); ``Discrete`` differentiates those steps through JAX's own VJP,
+    which treats each complex entry as two real ones, so ``f`` need not be holomorphic (a
+    ``|psi|^2`` term). The other adjoints and solvers build real matrices from one direction per
+    entry (sensitivities, propagators, Jacobians, spectral radii), and are refused."""
+    from .adjoint.discrete import Discrete
+    from .solvers.explicit_rk import ExplicitRK
+    from .solvers.partitioned import _Partitioned
+
+    if not isinstance(solver, ExplicitRK | _Partitioned):
+        raise TypeError(
+            f"y0 is complex, which solver={solver!r} does not support: use an explicit "
+            "Runge-Kutta method (og.Tsit5(), og.Dopri5(), og.Dopri8(), og.RK4(), ...) or a "
+            "partitioned one, or pass the real and imaginary parts as a real state "
+            "(y0 = (psi.real, psi.imag))."
+        )
+    if not isinstance(adjoint, Auto | Discrete):
+        raise TypeError(
+            f"y0 is complex, which adjoint={adjoint!r} does not support: use og.Discrete() "
+            "(og.Auto() picks it), or pass the real and imaginary parts as a real state "
+            "(y0 = (psi.real, psi.imag))."
+        )
+
+
 def _as_state(y0):
     def leaf(x):
         x = jnp.asarray(x)
-        if not jnp.issubdtype(x.dtype, jnp.floating):
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
             if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
                 raise TypeError(
                     f"y0 has a leaf of dtype {x.dtype}; the state must be floating point: "
                     "pass e.g. jnp.asarray(y0, dtype=float)."
                 )
-            raise TypeError(f"y0 has a leaf of dtype {x.dtype}; only real floats are supported.")
+            raise TypeError(
+                f"y0 has a leaf of dtype {x.dtype}; the state must be real or complex floats."
+            )
         return x
 
     if not jax.tree.leaves(y0):

@@ -181,7 +181,8 @@ class Adaptive(AbstractStep):
 
         def norm(vals):
             return jnp.sqrt(
-                sum(jnp.sum(jnp.square(v / s)) for v, s in zip(vals, scale, strict=True)) / n
+                sum(jnp.sum(jnp.square(jnp.abs(v) / s)) for v, s in zip(vals, scale, strict=True))
+                / n
             )
 
         d0, d1 = norm(leaves0), norm(leavesf)

@@ -80,6 +80,14 @@ class Auto(AbstractAdjoint):
         n_in = n_state + n_params
         steps = problem.static_steps
         size = f"{n_state} state entries and {n_params} differentiable parameters"
+        if jax.numpy.iscomplexobj(jax.tree.leaves(problem.y0)[0]):
+            chosen = Discrete(None, self.memory_budget)
+            return chosen, (
+                f"Auto chose Discrete(checkpoints={chosen.policy(problem).checkpoints!r}) for "
+                f"{size}: the state is complex, and only the discrete adjoint differentiates a "
+                "complex state (through JAX's own VJP of each step, which needs no "
+                f"holomorphic f); {chosen.policy(problem).text}."
+            )
         stiff = ""
         if getattr(problem.solver, "implicit", False):
             stiff = (
