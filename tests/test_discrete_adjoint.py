@@ -721,16 +721,13 @@ def test_jvp_fixed_dt_all_jit():
 
 def test_jvp_fixed_step_count_int_checkpoints():
     """Discrete(int) is a custom VJP, which JAX cannot push forward; og.solve then runs the plain
-    loop for forward mode (eagerly: under jit JAX raises only after og.solve has returned)."""
+    loop for forward mode."""
     _jvp_vs_vjp("rk4_fixed", 5, jit=False)
 
 
-@pytest.mark.xfail(
-    reason="known limitation: jax.jit(jax.jvp(...)) through a custom-VJP adjoint fails in JAX "
-    "itself after og.solve returns; use Discrete('all') on fixed grids or call jvp eagerly",
-    strict=True,
-)
 def test_jvp_fixed_step_count_int_checkpoints_jit():
+    """The same under jax.jit, where JAX raises its refusal of a custom VJP's forward mode only
+    at lowering, after og.solve has returned: og.solve recognises forward mode from its inputs."""
     _jvp_vs_vjp("rk4_fixed", 5)
 
 

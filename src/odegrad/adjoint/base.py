@@ -205,13 +205,34 @@ class Problem:
 def call_custom_vjp(custom, plain, *args):
     """Call a ``jax.custom_vjp`` solve; under forward-mode autodiff (``jax.jvp``, ``jacfwd``),
     which JAX refuses for a custom VJP, call ``plain`` instead: the plain loops differentiate
-    forward exactly (step sizes as constants) and forward mode never needs stored states."""
+    forward exactly (step sizes as constants) and forward mode never needs stored states.
+
+    Forward mode is recognised from the inputs (under ``jax.jit`` JAX raises its refusal only
+    when the program is lowered, after the solve has returned), else from JAX's error."""
+    if _forward_mode(args):
+        return plain(*args)
     try:
         return custom(*args)
     except TypeError as e:
         if "forward-mode" not in str(e):
             raise
         return plain(*args)
+
+
+def _forward_mode(tree) -> bool:
+    """Whether the innermost derivative tracing ``tree`` is forward mode: a ``jax.jvp`` tracer
+    met before any ``linearize`` one (reverse mode, and ``jax.linearize``, take the custom
+    VJP), looking through ``vmap``'s tracers. (The tracer classes are private to JAX: matched
+    by name, so a renamed class means the fallback on JAX's error.)"""
+    for x in jax.tree.leaves(tree):
+        while isinstance(x, jax.core.Tracer):
+            name = type(x).__name__
+            if name == "JVPTracer":
+                return True
+            if name == "LinearizeTracer":
+                break
+            x = getattr(x, "primal", getattr(x, "val", None))
+    return False
 
 
 class AbstractAdjoint(abc.ABC):
