@@ -28,7 +28,6 @@ Lyons, "Hey, that's not an ODE", ICML 2021).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -38,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import CustomVJPPrimal
 
 from .._batching import any_member, max_member, member_cond
 from .._loop import LoopOutput, RuntimeGrid, while_loop
@@ -46,7 +46,13 @@ from .._saving import SavePlan
 from .._solution import Result, host_check
 from .._step import AbstractStep, Adaptive, Fixed
 from .._tree import tree_add, tree_scale, tree_size, tree_where, tree_zeros_like
-from .base import AbstractAdjoint, Problem, call_custom_vjp
+from .base import (
+    AbstractAdjoint,
+    Problem,
+    call_custom_vjp,
+    instantiate_zeros,
+    refuse_dense_cotangent,
+)
 from .columns import ColumnSolver, PropagatorSolver, SaveColumns, save_path
 from .sources import Pass, StateSource
 
@@ -124,13 +130,18 @@ class _Continuous(AbstractAdjoint):
             return split(forward(y0, args_diff))[0]
 
         def solve_fwd(y0, args_diff):
+            # (symbolic zeros: so that the reverse pass sees which outputs are differentiated)
+            y0, args_diff = jax.tree.map(
+                lambda p: p.value, (y0, args_diff), is_leaf=lambda p: isinstance(p, CustomVJPPrimal)
+            )
             out, keep = split(forward(y0, args_diff))
             return out, (y0, args_diff, keep)
 
         def solve_bwd(res, ct: LoopOutput):
-            return self._backward(problem, *res, ct)
+            refuse_dense_cotangent(f"og.{type(self).__name__}()", ct.dense)
+            return self._backward(problem, *res, instantiate_zeros(ct))
 
-        solve.defvjp(solve_fwd, solve_bwd)
+        solve.defvjp(solve_fwd, solve_bwd, symbolic_zeros=True)
         plain = lambda y0, args_diff: split(forward(y0, args_diff))[0]
         return call_custom_vjp(solve, plain, problem.y0, problem.args_diff)
 
@@ -219,12 +230,6 @@ class _Continuous(AbstractAdjoint):
 
     def _backward(self, problem: Problem, y0, args_diff, keep, ct: LoopOutput):
         plan, s, src = problem.plan, problem.direction, self.source
-        if plan.dense:
-            warnings.warn(
-                f"{type(self).__name__} does not propagate cotangents of the dense output "
-                "(sol.evaluate); use og.Discrete() to differentiate through sol.evaluate.",
-                stacklevel=2,
-            )
         f, vjp, vjp_columns, vjp_state = self._rhs_and_vjp(problem)
         solver_b, control = self._backward_solver(problem)
         # the saves ride in the backward steps (columns.py) or stop the backward solve

@@ -88,6 +88,21 @@ class Auto(AbstractAdjoint):
                 "complex state (through JAX's own VJP of each step, which needs no "
                 f"holomorphic f); {chosen.policy(problem).text}."
             )
+        if problem.plan.dense:
+            chosen = Discrete(None, self.memory_budget)
+            policy = chosen.policy(problem)
+            text = (
+                f"Auto chose Discrete(checkpoints={policy.checkpoints!r}) for {size}: "
+                "SaveAt(dense=True), and only the discrete adjoint differentiates the dense "
+                f"output (sol.evaluate); {policy.text}."
+            )
+            if problem.kinks:
+                text += (
+                    f" Note: f's Jacobian jumps ({describe_kinks(problem.kinks)}): across a kink "
+                    "this gradient may be off from the ODE's by about sqrt(tol); without dense "
+                    "output Auto would choose an error-controlled method."
+                )
+            return chosen, text
         stiff = ""
         if getattr(problem.solver, "implicit", False):
             stiff = (

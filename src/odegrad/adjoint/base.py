@@ -10,6 +10,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from .._batching import member_cond
 from .._kinks import Kink, find_kinks
@@ -200,6 +201,28 @@ class Problem:
         one evaluation of ``f`` per reverse step."""
         extra = self.state_bytes() - self.checkpoint_bytes()
         return checkpoints * extra * max(self.batch, 1) <= tuning().kept_solver_state_bytes
+
+
+def refuse_dense_cotangent(adjoint_name: str, dense_ct) -> None:
+    """Raise, at trace time, where a cotangent reaches the dense output (``sol.evaluate``) of a
+    solve whose adjoint has no derivative for it (a custom VJP with ``symbolic_zeros=True``
+    sees a ``SymbolicZero`` for every output nothing differentiates): a zero would be a
+    silently wrong gradient."""
+    is_zero = lambda c: isinstance(c, SymbolicZero)
+    if any(not is_zero(c) for c in jax.tree.leaves(dense_ct, is_leaf=is_zero)):
+        raise ValueError(
+            f"{adjoint_name} does not differentiate the dense output: a gradient flows through "
+            "sol.evaluate(t), which it would count as zero. Use adjoint=og.Discrete() (og.Auto() "
+            "picks it when SaveAt(dense=True)), or save those times with SaveAt(ts=...)."
+        )
+
+
+def instantiate_zeros(ct):
+    """``ct`` with each ``SymbolicZero`` leaf an array of zeros."""
+    is_zero = lambda c: isinstance(c, SymbolicZero)
+    return jax.tree.map(
+        lambda c: jnp.zeros(c.shape, c.dtype) if is_zero(c) else c, ct, is_leaf=is_zero
+    )
 
 
 def call_custom_vjp(custom, plain, *args):

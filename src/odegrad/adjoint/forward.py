@@ -22,13 +22,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
+from jax.custom_derivatives import CustomVJPPrimal
 from jax.flatten_util import ravel_pytree
 
 from .._kinks import describe_kinks
 from .._loop import LoopOutput, RuntimeGrid
 from .._tree import tree_size
-from .base import AbstractAdjoint, Problem, call_custom_vjp
+from .base import (
+    AbstractAdjoint,
+    Problem,
+    call_custom_vjp,
+    instantiate_zeros,
+    refuse_dense_cotangent,
+)
 
 
 @dataclass(frozen=True)
@@ -141,11 +147,8 @@ class Forward(AbstractAdjoint):
             sens, (accepted, n_events), x = res
             live = directions["live"]
             n = x.size
-            ct = jax.tree.map(
-                lambda c: jnp.zeros(c.shape, c.dtype) if isinstance(c, SymbolicZero) else c,
-                ct,
-                is_leaf=lambda c: isinstance(c, SymbolicZero),
-            )
+            refuse_dense_cotangent("og.Forward()", ct.dense)
+            ct = instantiate_zeros(ct)
             if ct.steps_ys is not None:  # rows after the last step are padding: no cotangent
                 ct = ct._replace(
                     steps_ys=jax.tree.map(
