@@ -28,7 +28,7 @@ from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
 from ._solution import Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _is_concrete
-from ._times import differentiated, solve_with_time_derivatives
+from ._times import derivative_levels, differentiated, solve_with_time_derivatives
 from ._tree import partition_args, split_arrays
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
@@ -169,6 +169,14 @@ def _build_problem(
     saveat = SaveAt(t1=True) if saveat is None else saveat
     _check_types(f, solver, step, saveat, adjoint, max_steps)
     events = prepare_events(events, max_events)
+    if events and derivative_levels((y0, args, t_span)) > 1:
+        # the event time's derivative is a first-order rule; its derivative, taken inside the
+        # adjoints' control flow, would silently miss the second-order terms
+        raise NotImplementedError(
+            "og.solve: second derivatives (jax.hessian, jax.jacfwd or jax.jvp of jax.grad, "
+            "jax.jacfwd of jax.jacfwd) through a solve with events are not supported: the event "
+            "time has a first-order derivative rule only. Use finite differences of the gradient."
+        )
 
     y0 = _as_state(y0)
     if jnp.iscomplexobj(jax.tree.leaves(y0)[0]):

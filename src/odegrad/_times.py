@@ -46,6 +46,21 @@ def differentiated(tree) -> bool:
     return any(isinstance(x, DIFFERENTIATING) for x in jax.tree.leaves(tree))
 
 
+def derivative_levels(tree) -> int:
+    """How many nested derivative transforms (``jvp``, ``linearize``: ``jax.grad``,
+    ``jax.jacfwd``, ...) trace the leaves of ``tree``, looking through ``vmap``'s tracers: 2 or
+    more under a second derivative (``jax.hessian``). Matched by class name (private to JAX)."""
+    traces = set()
+    for x in jax.tree.leaves(tree):
+        while isinstance(x, jax.core.Tracer):
+            if type(x).__name__ in ("JVPTracer", "LinearizeTracer"):
+                traces.add(id(x._trace))
+                x = x.primal
+            else:
+                x = getattr(x, "val", None)
+    return len(traces)
+
+
 def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
     """``solve(f, y0, t_span, args, **options)`` whose ``sol.ts`` and ``sol.ys`` have
     reverse-mode derivatives with respect to ``t_span`` and ``SaveAt(ts)`` too."""
