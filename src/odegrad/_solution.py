@@ -23,6 +23,9 @@ class Result(enum.IntEnum):
     * ``nonfinite_y0``: the initial state ``y0`` holds inf or nan (the solve failed at ``t0``).
     * ``nonfinite_f0``: ``y0`` is finite but ``f(t0, y0, args)`` is not (the solve failed at
       ``t0``): a non-finite ``args`` leaf, or ``f`` itself at ``t0``.
+    * ``max_events_reached``: more events than ``max_events``.
+    * ``invalid_save_times``: traced ``SaveAt(ts)`` out of order or outside ``t_span`` (concrete
+      ones raise when the solve is traced).
 
     With ``throw=True`` the error names the leaf at fault (``y0['x']``, ``args['k']``).
     """
@@ -34,6 +37,7 @@ class Result(enum.IntEnum):
     nonfinite_y0 = 4
     nonfinite_f0 = 5
     max_events_reached = 6
+    invalid_save_times = 7
 
     @property
     def message(self) -> str:
@@ -62,6 +66,11 @@ _MESSAGES = {
     Result.max_events_reached: (
         "more events happened than max_events allows (the solve stopped at the first one that "
         "did not fit); pass a larger max_events"
+    ),
+    Result.invalid_save_times: (
+        "SaveAt(ts) must be sorted in the direction of integration (ascending for t1 > t0, "
+        "descending for t1 < t0) and lie inside t_span; checked when the solve ran, as ts "
+        "(or t_span) was traced"
     ),
 }
 

@@ -26,7 +26,7 @@ from ._loop import RuntimeGrid, locate_failure
 from ._saveat import SaveAt
 from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
-from ._solution import Solution, check_result
+from ._solution import Result, Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _is_concrete
 from ._times import derivative_levels, differentiated, solve_with_time_derivatives
 from ._tree import partition_args, split_arrays
@@ -100,7 +100,7 @@ def solve(
     """
     options = dict(solver=solver, step=step, saveat=saveat, adjoint=adjoint, max_steps=max_steps)
     options.update(throw=throw, events=events, max_events=max_events)
-    if differentiated((t_span, None if saveat is None else saveat.ts)):
+    if differentiated((t_span, getattr(saveat, "ts", None))):
         # d/dt0, d/dt1, d/dts around the solve, whose adjoint holds the times constant
         options["progress"] = progress
         ts, ys, stats, result = solve_with_time_derivatives(solve, f, y0, t_span, args, options)
@@ -129,7 +129,7 @@ def _solve(
     problem, ctx = _build_problem(
         f, y0, t_span, args, solver, step, saveat, adjoint, max_steps, events, max_events
     )
-    saveat, s, t0, args_ext, y0 = ctx
+    saveat, s, t0, args_ext, y0, ts_valid = ctx
     if throw:
         check_concrete_state(y0, state_names(y0_user))
     problem = dataclasses.replace(problem, throw=bool(throw))
@@ -138,6 +138,8 @@ def _solve(
 
         problem = dataclasses.replace(problem, progress=bars())
     out = adjoint.run(problem)
+    if ts_valid is not None:  # traced save times, out of order or outside the span
+        out = out._replace(result=jnp.where(ts_valid, out.result, Result.invalid_save_times))
 
     ts, ys = assemble(saveat, problem.plan, s, t0, problem.tau0, y0, args_ext, out)
     # A while loop that failed at t0 never moved: its final state is y0, and reading it rather
@@ -248,7 +250,8 @@ def _build_problem(
         user_arrays=arrays_of,
         events=_event_set(events, event_fns, f_args, solver.partitioned, max_events),
     )
-    return problem, (saveat, s, t0, args_ext, y0)
+    ts_valid = _save_times_valid(ts_tau, tau0, tau1)
+    return problem, (saveat, s, t0, args_ext, y0, ts_valid)
 
 
 def explain_adjoint(
@@ -523,6 +526,16 @@ def _check_save_ts(ts, t0, t1, s, tdtype):
                     f"{float(t1)}); save times must be inside the span."
                 )
     return s * ts
+
+
+def _save_times_valid(ts_tau, tau0, tau1):
+    """Whether save times (forward time), traced, are sorted and inside the span: a scalar
+    the solve's result turns into ``Result.invalid_save_times`` (None: checked when traced)."""
+    if ts_tau is None or (_is_concrete(ts_tau) and _is_concrete(tau0) and _is_concrete(tau1)):
+        return None
+    ts_tau = jnp.asarray(ts_tau)
+    sorted_ = jnp.all(ts_tau[1:] >= ts_tau[:-1])
+    return sorted_ & jnp.all((ts_tau >= tau0) & (ts_tau <= tau1))
 
 
 def _with_user_args(f, user_args, partitioned=False):
