@@ -353,6 +353,7 @@ def test_result_codes():
         "nonfinite_y0",
         "nonfinite_f0",
         "max_events_reached",
+        "invalid_save_times",
     ]
     sol = jax.jit(lambda y: og.solve(blowup, y, (0.0, 0.5)))(jnp.asarray(1.0))
     assert int(sol.result) == og.Result.success
