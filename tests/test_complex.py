@@ -121,3 +121,17 @@ def test_unsupported_complex_combinations_are_named(kw, fragment):
 def test_auto_explains_the_complex_choice():
     text = og.explain_adjoint(gross_pitaevskii, PSI0, (0.0, 1.0), jnp.asarray(0.8))
     assert text.startswith("Auto chose Discrete") and "the state is complex" in text
+
+
+def test_time_derivative_with_complex_state():
+    """d/dt1 pairs the cotangent with f without a conjugate (Re sum(c f)): jnp.vdot gave a wrong
+    value for a complex state. Against central differences and forward mode."""
+
+    def loss(t1):
+        y = og.solve(gross_pitaevskii, PSI0, (0.0, t1), 0.8, step=TIGHT).ys[-1]
+        return jnp.sum(jnp.real(y)) + 2.0 * jnp.sum(jnp.imag(y))
+
+    eps = 1e-5
+    fd = (loss(1.0 + eps) - loss(1.0 - eps)) / (2 * eps)
+    np.testing.assert_allclose(jax.grad(loss)(1.0), fd, rtol=1e-7)
+    np.testing.assert_allclose(jax.jvp(loss, (1.0,), (1.0,))[1], fd, rtol=1e-7)

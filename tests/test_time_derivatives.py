@@ -134,3 +134,18 @@ def test_second_derivative_in_time_is_refused():
 
     with pytest.raises(NotImplementedError, match="second derivatives with respect to t_span"):
         jax.hessian(y_end)(1.0)
+
+
+def test_forward_mode_under_jit_and_grad_of_jit():
+    """jax.jit(jax.jvp(...)) in the times (JAX refuses a custom VJP's forward mode only when
+    lowering: the forward rule is chosen from the inputs), and jax.grad(jax.jit(loss)) of a
+    solve with constant times (they stay NumPy constants, which the adjoints' custom VJPs may
+    close over)."""
+
+    def y_end(t1, k):
+        return og.solve(lambda t, y, a: -a * y, jnp.ones(1), (0.0, t1), k, step=TIGHT).ys[-1, 0]
+
+    tangent = jax.jit(lambda t1: jax.jvp(lambda s: y_end(s, 2.0), (t1,), (1.0,))[1])(1.0)
+    np.testing.assert_allclose(tangent, -2.0 * np.exp(-2.0), rtol=1e-8)
+    grad_k = jax.grad(jax.jit(lambda k: y_end(1.0, k)))(2.0)
+    np.testing.assert_allclose(grad_k, -np.exp(-2.0), rtol=1e-8)

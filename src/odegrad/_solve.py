@@ -215,8 +215,18 @@ def _build_problem(
     slots = 1
     if ts_tau is not None and grid is not None:
         slots = static_slot_count(grid, ts_tau) or ts_tau.shape[0]
+
     # concrete times were kept as numpy for the checks above; from here on they are arrays
-    to_jnp = lambda x: None if x is None else jnp.asarray(x, tdtype)
+    # concrete scalars stay NumPy (constants): a jnp array made under jax.jit is that trace's
+    # tracer, which the adjoints' custom VJPs would close over, and jax.grad(jax.jit(loss))
+    # traces their rules in another trace (a leaked tracer). (Grids and save times still are.)
+    def to_jnp(x):
+        if x is None:
+            return None
+        if _is_concrete(x) and np.ndim(x) == 0:
+            return np.asarray(x, tdtype)
+        return jnp.asarray(x, tdtype)
+
     grid, ts_tau, t0, tau0, tau1 = map(to_jnp, (grid, ts_tau, t0, tau0, tau1))
     plan = SavePlan(
         fn=fn_tau,

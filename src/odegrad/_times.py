@@ -42,8 +42,14 @@ DIFFERENTIATING = _differentiating_tracers()
 
 
 def differentiated(tree) -> bool:
-    """Whether ``jax.grad`` or ``jax.jvp`` reaches a leaf of ``tree``."""
-    return any(isinstance(x, DIFFERENTIATING) for x in jax.tree.leaves(tree))
+    """Whether ``jax.grad`` or ``jax.jvp`` reaches a leaf of ``tree`` (through ``vmap``'s
+    tracers; not from outside a ``jax.jit`` traced first, whose tracers hide it)."""
+    for x in jax.tree.leaves(tree):
+        while isinstance(x, jax.core.Tracer):
+            if isinstance(x, DIFFERENTIATING):
+                return True
+            x = getattr(x, "val", None)
+    return False
 
 
 def derivative_levels(tree) -> int:
@@ -150,14 +156,16 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
         zeros = jax.tree.map(lambda x: np.zeros(jnp.shape(x), jax.dtypes.float0), aux)
         return ((ts, ys), aux), ((d_row + 0 * d_ts_out, d_ys), zeros)
 
+    from .adjoint.base import forward_mode  # (the adjoints import this module's caller)
+
     t0, t1 = t_span
     times = (t0, t1, saveat.ts)
-    try:
-        (ts, ys), (stats, result) = run(times, y0, arrays)
-    except TypeError as e:
-        if "forward-mode" not in str(e):
-            raise
+    # forward mode from the inputs: under jax.jit JAX refuses a custom VJP's forward mode only
+    # when lowering, after this returns
+    if forward_mode((times, y0, arrays)):
         (ts, ys), (stats, result) = run_forward_mode(times, y0, arrays)
+    else:
+        (ts, ys), (stats, result) = run(times, y0, arrays)
     return ts, ys, stats, result
 
 
@@ -169,8 +177,11 @@ def _like(c, t):
 
 
 def _dot(a: Any, b: Any):
-    """``<a, b>`` summed over the leaves of two pytrees of one structure."""
-    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+    """``<a, b>`` summed over the leaves of two pytrees of one structure: ``Re sum(a b)``, JAX's
+    pairing of a cotangent with a tangent (no conjugate: for a complex state ``jnp.vdot`` gave
+    a wrong time derivative)."""
+    pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return sum(jnp.real(jnp.sum(x * y)) for x, y in pairs)
 
 
 def _check_supported(saveat, options: dict) -> None:

@@ -232,7 +232,7 @@ def call_custom_vjp(custom, plain, *args):
 
     Forward mode is recognised from the inputs (under ``jax.jit`` JAX raises its refusal only
     when the program is lowered, after the solve has returned), else from JAX's error."""
-    if _forward_mode(args):
+    if forward_mode(args):
         return plain(*args)
     try:
         return custom(*args)
@@ -242,7 +242,7 @@ def call_custom_vjp(custom, plain, *args):
         return plain(*args)
 
 
-def _forward_mode(tree) -> bool:
+def forward_mode(tree) -> bool:
     """Whether the innermost derivative tracing ``tree`` is forward mode: a ``jax.jvp`` tracer
     met before any ``linearize`` one (reverse mode, and ``jax.linearize``, take the custom
     VJP), looking through ``vmap``'s tracers. (The tracer classes are private to JAX: matched
