@@ -139,7 +139,7 @@ def test_second_derivative_in_time_is_refused():
 def test_forward_mode_under_jit_and_grad_of_jit():
     """jax.jit(jax.jvp(...)) in the times (JAX refuses a custom VJP's forward mode only when
     lowering: the forward rule is chosen from the inputs), and jax.grad(jax.jit(loss)) of a
-    solve with constant times (they stay NumPy constants, which the adjoints' custom VJPs may
+    solve with constant times (they stay concrete arrays, which the adjoints' custom VJPs may
     close over)."""
 
     def y_end(t1, k):
@@ -149,3 +149,17 @@ def test_forward_mode_under_jit_and_grad_of_jit():
     np.testing.assert_allclose(tangent, -2.0 * np.exp(-2.0), rtol=1e-8)
     grad_k = jax.grad(jax.jit(lambda k: y_end(1.0, k)))(2.0)
     np.testing.assert_allclose(grad_k, -np.exp(-2.0), rtol=1e-8)
+    # save times and a fixed grid, with the custom-VJP adjoints (their rules closed over the
+    # jit trace's arrays of times: "No constant handler for type: DynamicJaxprTracer")
+    ts = jnp.linspace(0.0, 2.0, 5)
+    exact = float(np.sum(-np.asarray(ts) * np.exp(-0.7 * np.asarray(ts))))
+    for adjoint in (og.Discrete(), og.Interpolating(), og.Forward()):
+        for step in (TIGHT, og.Fixed(0.001)):
+
+            def saved(k, adjoint=adjoint, step=step):
+                sol = og.solve(lambda t, y, a: -a * y, jnp.ones(1), (0.0, 2.0), k, step=step,
+                               saveat=og.SaveAt(ts=ts), adjoint=adjoint)  # fmt: skip
+                return jnp.sum(sol.ys)
+
+            got = jax.grad(jax.jit(saved))(0.7)
+            np.testing.assert_allclose(got, exact, rtol=1e-6, err_msg=f"{adjoint} {step}")

@@ -217,14 +217,15 @@ def _build_problem(
         slots = static_slot_count(grid, ts_tau) or ts_tau.shape[0]
 
     # concrete times were kept as numpy for the checks above; from here on they are arrays
-    # concrete scalars stay NumPy (constants): a jnp array made under jax.jit is that trace's
-    # tracer, which the adjoints' custom VJPs would close over, and jax.grad(jax.jit(loss))
-    # traces their rules in another trace (a leaked tracer). (Grids and save times still are.)
+    # concrete times stay concrete arrays (constants): a jnp array made under jax.jit is that
+    # trace's tracer, which the adjoints' custom VJPs would close over, and
+    # jax.grad(jax.jit(loss)) traces their rules in another trace (a leaked tracer)
     def to_jnp(x):
         if x is None:
             return None
-        if _is_concrete(x) and np.ndim(x) == 0:
-            return np.asarray(x, tdtype)
+        if _is_concrete(x):
+            with jax.ensure_compile_time_eval():
+                return jnp.asarray(x, tdtype)
         return jnp.asarray(x, tdtype)
 
     grid, ts_tau, t0, tau0, tau1 = map(to_jnp, (grid, ts_tau, t0, tau0, tau1))
@@ -490,9 +491,10 @@ def _grid(step, solver, t0, t1, s, tdtype, max_steps):
                     f"but max_steps={max_steps}: pass max_steps>={n} or a larger dt."
                 )
             tau0, tau1 = s * t0, s * t1
-            k = jnp.arange(n + 1, dtype=tdtype)
-            grid = tau0 + (tau1 - tau0) * (k / n)
-            return grid.at[-1].set(tau1), None
+            with jax.ensure_compile_time_eval():  # a constant, not a tracer: see to_jnp
+                k = jnp.arange(n + 1, dtype=tdtype)
+                grid = (tau0 + (tau1 - tau0) * (k / n)).at[-1].set(tau1)
+            return grid, None
         n = jnp.maximum(1, jnp.round(jnp.abs(t1 - t0) / step.dt)).astype(jnp.int32)
         return None, RuntimeGrid(n)
     if isinstance(step, StepTo):
