@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._step import _as_time, _is_concrete
 
 
 @dataclass(frozen=True)
@@ -51,3 +55,35 @@ class SaveAt:
             )
         if self.fn is not None and not callable(self.fn):
             raise TypeError(f"SaveAt(fn=...): fn must be callable fn(t, y, args), got {self.fn!r}.")
+
+
+def check_save_times(ts, t0, t1, s, tdtype):
+    """``SaveAt(ts)`` in forward time, raising where concrete times are out of order or outside
+    the span (traced ones: :func:`save_times_valid`)."""
+    ts = _as_time(ts, tdtype)
+    if _is_concrete(ts) and _is_concrete(s):
+        tau = float(s) * np.asarray(ts)
+        if np.any(np.diff(tau) < 0):
+            raise ValueError(
+                "SaveAt(ts): ts must be sorted in the direction of integration "
+                "(ascending for t1 > t0, descending for t1 < t0)."
+            )
+        if _is_concrete(t0) and _is_concrete(t1) and tau.size:
+            lo, hi = sorted((float(t0), float(t1)))
+            bad = np.asarray(ts)[(np.asarray(ts) < lo) | (np.asarray(ts) > hi)]
+            if bad.size:
+                raise ValueError(
+                    f"SaveAt(ts): times {bad[:3].tolist()} lie outside t_span=({float(t0)}, "
+                    f"{float(t1)}); save times must be inside the span."
+                )
+    return s * ts
+
+
+def save_times_valid(ts_tau, tau0, tau1):
+    """Whether save times (forward time), traced, are sorted and inside the span: a scalar
+    the solve's result turns into ``Result.invalid_save_times`` (None: checked when traced)."""
+    if ts_tau is None or (_is_concrete(ts_tau) and _is_concrete(tau0) and _is_concrete(tau1)):
+        return None
+    ts_tau = jnp.asarray(ts_tau)
+    sorted_ = jnp.all(ts_tau[1:] >= ts_tau[:-1])
+    return sorted_ & jnp.all((ts_tau >= tau0) & (ts_tau <= tau1))

@@ -23,12 +23,13 @@ from ._initial import (
     state_names,
 )
 from ._loop import RuntimeGrid, locate_failure
-from ._saveat import SaveAt
+from ._saveat import SaveAt, check_save_times, save_times_valid
 from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
 from ._solution import Result, Solution, check_result
-from ._step import AbstractStep, Adaptive, Fixed, StepTo, _is_concrete
-from ._times import derivative_levels, differentiated, solve_with_time_derivatives
+from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
+from ._times import solve_with_time_derivatives
+from ._tracers import derivative_levels, differentiated
 from ._tree import partition_args, split_arrays
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
@@ -198,7 +199,7 @@ def _build_problem(
     grid, control = _grid(step, solver, t0, t1, s, tdtype, max_steps)
     if events and grid is not None:  # an event ends a step early: the while loop's grid
         control, grid = RuntimeGrid(grid.shape[0] - 1, jnp.asarray(grid, tdtype)), None
-    ts_tau = None if saveat.ts is None else _check_save_ts(saveat.ts, t0, t1, s, tdtype)
+    ts_tau = None if saveat.ts is None else check_save_times(saveat.ts, t0, t1, s, tdtype)
 
     # Move arrays that f and fn close over into args, so that every adjoint sees them.
     f_args, f_consts = _closure_convert_rhs(f, solver, t0, y0, arrays)
@@ -261,7 +262,7 @@ def _build_problem(
         user_arrays=arrays_of,
         events=_event_set(events, event_fns, f_args, solver.partitioned, max_events),
     )
-    ts_valid = _save_times_valid(ts_tau, tau0, tau1)
+    ts_valid = save_times_valid(ts_tau, tau0, tau1)
     return problem, (saveat, s, t0, args_ext, y0, ts_valid)
 
 
@@ -433,13 +434,6 @@ def _check_t_span(t_span, tdtype):
     return t0, t1
 
 
-def _as_time(t, tdtype):
-    """Times as numpy when concrete (so that step counts stay static under jit), else traced."""
-    if _is_concrete(t):
-        return np.asarray(t, dtype=tdtype)
-    return jnp.asarray(t, tdtype)
-
-
 def _direction(t0, t1):
     if _is_concrete(t0) and _is_concrete(t1):
         return 1.0 if float(t1) > float(t0) else -1.0
@@ -518,36 +512,6 @@ def _grid(step, solver, t0, t1, s, tdtype, max_steps):
                     )
         return s * ts, None
     return None, step
-
-
-def _check_save_ts(ts, t0, t1, s, tdtype):
-    ts = _as_time(ts, tdtype)
-    if _is_concrete(ts) and _is_concrete(s):
-        tau = float(s) * np.asarray(ts)
-        if np.any(np.diff(tau) < 0):
-            raise ValueError(
-                "SaveAt(ts): ts must be sorted in the direction of integration "
-                "(ascending for t1 > t0, descending for t1 < t0)."
-            )
-        if _is_concrete(t0) and _is_concrete(t1) and tau.size:
-            lo, hi = sorted((float(t0), float(t1)))
-            bad = np.asarray(ts)[(np.asarray(ts) < lo) | (np.asarray(ts) > hi)]
-            if bad.size:
-                raise ValueError(
-                    f"SaveAt(ts): times {bad[:3].tolist()} lie outside t_span=({float(t0)}, "
-                    f"{float(t1)}); save times must be inside the span."
-                )
-    return s * ts
-
-
-def _save_times_valid(ts_tau, tau0, tau1):
-    """Whether save times (forward time), traced, are sorted and inside the span: a scalar
-    the solve's result turns into ``Result.invalid_save_times`` (None: checked when traced)."""
-    if ts_tau is None or (_is_concrete(ts_tau) and _is_concrete(tau0) and _is_concrete(tau1)):
-        return None
-    ts_tau = jnp.asarray(ts_tau)
-    sorted_ = jnp.all(ts_tau[1:] >= ts_tau[:-1])
-    return sorted_ & jnp.all((ts_tau >= tau0) & (ts_tau <= tau1))
 
 
 def _with_user_args(f, user_args, partitioned=False):

@@ -26,6 +26,13 @@ def _is_concrete(x) -> bool:
     return True
 
 
+def _as_time(t, tdtype):
+    """Times as numpy when concrete (so that step counts stay static under jit), else traced."""
+    if _is_concrete(t):
+        return np.asarray(t, dtype=tdtype)
+    return jnp.asarray(t, tdtype)
+
+
 class AbstractStep:
     """How the solve chooses its steps."""
 

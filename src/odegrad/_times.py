@@ -25,46 +25,8 @@ import numpy as np
 
 from ._saveat import SaveAt
 from ._step import StepTo
+from ._tracers import differentiated, forward_mode
 from ._tree import split_arrays
-
-
-def _differentiating_tracers() -> tuple[type, ...]:
-    """The tracer types of ``jax.jvp`` and ``jax.grad`` (private to JAX: none if they move)."""
-    try:
-        from jax._src.interpreters import ad
-    except ImportError:  # pragma: no cover - a JAX without this module
-        return ()
-    found = (getattr(ad, name, None) for name in ("JVPTracer", "LinearizeTracer"))
-    return tuple(t for t in found if t is not None)
-
-
-DIFFERENTIATING = _differentiating_tracers()
-
-
-def differentiated(tree) -> bool:
-    """Whether ``jax.grad`` or ``jax.jvp`` reaches a leaf of ``tree`` (through ``vmap``'s
-    tracers; not from outside a ``jax.jit`` traced first, whose tracers hide it)."""
-    for x in jax.tree.leaves(tree):
-        while isinstance(x, jax.core.Tracer):
-            if isinstance(x, DIFFERENTIATING):
-                return True
-            x = getattr(x, "val", None)
-    return False
-
-
-def derivative_levels(tree) -> int:
-    """How many nested derivative transforms (``jvp``, ``linearize``: ``jax.grad``,
-    ``jax.jacfwd``, ...) trace the leaves of ``tree``, looking through ``vmap``'s tracers: 2 or
-    more under a second derivative (``jax.hessian``). Matched by class name (private to JAX)."""
-    traces = set()
-    for x in jax.tree.leaves(tree):
-        while isinstance(x, jax.core.Tracer):
-            if type(x).__name__ in ("JVPTracer", "LinearizeTracer"):
-                traces.add(id(x._trace))
-                x = x.primal
-            else:
-                x = getattr(x, "val", None)
-    return len(traces)
 
 
 def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
@@ -155,8 +117,6 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
             d_ys = jax.tree.map(lambda d, g: d.at[0].add(g * d_t0), d_ys, f0)
         zeros = jax.tree.map(lambda x: np.zeros(jnp.shape(x), jax.dtypes.float0), aux)
         return ((ts, ys), aux), ((d_row + 0 * d_ts_out, d_ys), zeros)
-
-    from .adjoint.base import forward_mode  # (the adjoints import this module's caller)
 
     t0, t1 = t_span
     times = (t0, t1, saveat.ts)

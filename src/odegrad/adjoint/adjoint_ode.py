@@ -37,7 +37,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.custom_derivatives import CustomVJPPrimal
 
 from .._batching import any_member, max_member, member_cond
 from .._loop import LoopOutput, RuntimeGrid, while_loop
@@ -51,6 +50,7 @@ from .base import (
     Problem,
     call_custom_vjp,
     instantiate_zeros,
+    primal_values,
     refuse_dense_cotangent,
 )
 from .columns import ColumnSolver, PropagatorSolver, SaveColumns, save_path
@@ -131,9 +131,7 @@ class _Continuous(AbstractAdjoint):
 
         def solve_fwd(y0, args_diff):
             # (symbolic zeros: so that the reverse pass sees which outputs are differentiated)
-            y0, args_diff = jax.tree.map(
-                lambda p: p.value, (y0, args_diff), is_leaf=lambda p: isinstance(p, CustomVJPPrimal)
-            )
+            y0, args_diff = primal_values((y0, args_diff))
             out, keep = split(forward(y0, args_diff))
             return out, (y0, args_diff, keep)
 

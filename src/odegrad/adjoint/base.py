@@ -10,13 +10,14 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import SymbolicZero
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from .._batching import member_cond
 from .._kinks import Kink, find_kinks
 from .._loop import LoopOutput, scan_loop, while_loop
 from .._recorders import Recorder
 from .._saving import SavePlan
+from .._tracers import forward_mode
 from .._tree import tree_size
 from .._tuning import tuning
 
@@ -217,6 +218,12 @@ def refuse_dense_cotangent(adjoint_name: str, dense_ct) -> None:
         )
 
 
+def primal_values(tree):
+    """The values of a ``custom_vjp`` forward rule's inputs under ``symbolic_zeros=True``."""
+    is_primal = lambda p: isinstance(p, CustomVJPPrimal)
+    return jax.tree.map(lambda p: p.value, tree, is_leaf=is_primal)
+
+
 def instantiate_zeros(ct):
     """``ct`` with each ``SymbolicZero`` leaf an array of zeros."""
     is_zero = lambda c: isinstance(c, SymbolicZero)
@@ -240,22 +247,6 @@ def call_custom_vjp(custom, plain, *args):
         if "forward-mode" not in str(e):
             raise
         return plain(*args)
-
-
-def forward_mode(tree) -> bool:
-    """Whether the innermost derivative tracing ``tree`` is forward mode: a ``jax.jvp`` tracer
-    met before any ``linearize`` one (reverse mode, and ``jax.linearize``, take the custom
-    VJP), looking through ``vmap``'s tracers. (The tracer classes are private to JAX: matched
-    by name, so a renamed class means the fallback on JAX's error.)"""
-    for x in jax.tree.leaves(tree):
-        while isinstance(x, jax.core.Tracer):
-            name = type(x).__name__
-            if name == "JVPTracer":
-                return True
-            if name == "LinearizeTracer":
-                break
-            x = getattr(x, "primal", getattr(x, "val", None))
-    return False
 
 
 class AbstractAdjoint(abc.ABC):
