@@ -163,3 +163,50 @@ def test_forward_mode_under_jit_and_grad_of_jit():
 
             got = jax.grad(jax.jit(saved))(0.7)
             np.testing.assert_allclose(got, exact, rtol=1e-6, err_msg=f"{adjoint} {step}")
+
+
+@pytest.mark.parametrize(
+    "adjoint",
+    [og.Auto(), og.Discrete(), og.Discrete("all"), og.Interpolating(), og.Forward(),
+     pytest.param(og.Backsolve(), marks=SLOW), pytest.param(og.Quadrature(), marks=SLOW)],
+    ids=lambda a: repr(a),
+)  # fmt: skip
+def test_grad_of_jit_with_times_computed_inside(adjoint):
+    """jax.grad outside a jax.jit whose loss makes the times from its arguments (t1 = T, save
+    times jnp.linspace(0, T, 5)), an integer in args and an integer f closes over: the
+    adjoints' custom VJPs took such values from the jit trace by closure, and the gradient,
+    traced after that trace ended, failed ("No constant handler for type:
+    DynamicJaxprTracer"); with T differentiated too it failed as a "closed-over value"."""
+    y0 = jnp.array([1.0, 2.0])
+
+    def loss(k, T, n, m):
+        f = lambda t, y, a: -a[0] * y * a[1] / m  # a[1] == m: the decay rate is k
+        ts = jnp.linspace(0.0, T, 5)
+        sol = og.solve(f, y0, (0.0, T), (k, n), step=TIGHT, saveat=og.SaveAt(ts=ts),
+                       adjoint=adjoint)  # fmt: skip
+        return jnp.sum(sol.ys)
+
+    k, T, i = 0.7, 2.0, np.arange(5)
+    ts = i * T / 4
+    exact_k = 3 * np.sum(-ts * np.exp(-k * ts))
+    exact_T = 3 * np.sum(-k * (i / 4) * np.exp(-k * ts))
+    n = jnp.int32(3)
+    got = jax.grad(jax.jit(loss), argnums=(0, 1))(k, T, n, n)
+    np.testing.assert_allclose(got, (exact_k, exact_T), rtol=1e-8)
+    got_k = jax.grad(jax.jit(loss))(k, T, n, n)  # T traced but not differentiated
+    np.testing.assert_allclose(got_k, exact_k, rtol=1e-8)
+
+
+def test_grad_of_jit_with_events_and_traced_span():
+    """Events hold the times constant: under jax.grad(jax.jit(loss)) with a traced t1 the
+    parameters' gradient is right, and a derivative reaching t1 raises (it would be zero)."""
+    event = og.Event(lambda t, y, a: y[0] - 0.1, terminal=True)
+
+    def loss(k, T):
+        sol = og.solve(lambda t, y, a: -a * y, jnp.ones(1), (0.0, T), k, step=TIGHT,
+                       events=[event])  # fmt: skip
+        return sol.ts[-1]  # the event's time, log(10) / k
+
+    np.testing.assert_allclose(jax.grad(jax.jit(loss))(2.0, 5.0), -np.log(10.0) / 4.0, rtol=1e-8)
+    with pytest.raises(ValueError, match="from outside the jax"):
+        jax.grad(jax.jit(loss), argnums=1)(2.0, 5.0)

@@ -28,9 +28,9 @@ from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
 from ._solution import Result, Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
-from ._times import solve_with_time_derivatives
+from ._times import may_differentiate_times, solve_with_time_derivatives
 from ._tracers import derivative_levels, differentiated
-from ._tree import partition_args, split_arrays
+from ._tree import hoist_closure, partition_args, split_arrays
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
 from .solvers.base import AbstractSolver
@@ -101,18 +101,27 @@ def solve(
     """
     options = dict(solver=solver, step=step, saveat=saveat, adjoint=adjoint, max_steps=max_steps)
     options.update(throw=throw, events=events, max_events=max_events)
-    if differentiated((t_span, getattr(saveat, "ts", None))):
+    if differentiated((t_span, getattr(saveat, "ts", None))) or may_differentiate_times(
+        t_span, saveat, options
+    ):
         # d/dt0, d/dt1, d/dts around the solve, whose adjoint holds the times constant
         options["progress"] = progress
-        ts, ys, stats, result = solve_with_time_derivatives(solve, f, y0, t_span, args, options)
+        ts, ys, stats, result = solve_with_time_derivatives(
+            _solve_at_times, f, y0, t_span, args, options
+        )
         return Solution(ts, ys, stats, result)
+    return _solve_at_times(f, y0, t_span, args, progress=progress, **options)
+
+
+def _solve_at_times(f, y0, t_span, args, *, progress=False, **options) -> Solution:
+    """:func:`solve` with the times held constant."""
     mesh = explicit_mesh((y0, args, t_span))
     if mesh is not None:  # sharded over a mesh with Explicit axes: see _scaleout.py
-        run = lambda y, a, ts: solve(f, y, ts, a, progress=progress, **options)
+        run = lambda y, a, ts: _solve_at_times(f, y, ts, a, progress=progress, **options)
         return on_auto_axes(run, mesh, y0, args, t_span)
     # an eager call: compiled once per configuration (see _eager.py)
     if not progress and is_eager(y0, args, t_span):
-        if throw:  # the traced path skips this check: run it on the concrete state here
+        if options["throw"]:  # the traced path skips this check: run it on the concrete state here
             check_concrete_state(_as_state(y0), state_names(y0))
         sol = cached_solve(_solve, f, y0, t_span, args, options)
         if sol is not None:
@@ -204,7 +213,7 @@ def _build_problem(
     # Move arrays that f and fn close over into args, so that every adjoint sees them.
     f_args, f_consts = _closure_convert_rhs(f, solver, t0, y0, arrays)
     fn = saveat.fn if saveat.fn is not None else (lambda t, y, a: y)
-    fn_conv, fn_consts = jax.closure_convert(_with_user_args(fn, user_args), t0, y0, arrays)
+    fn_conv, fn_consts = hoist_closure(_with_user_args(fn, user_args), t0, y0, arrays)
     event_fns, ev_consts = _closure_convert_events(events, user_args, t0, y0, arrays)
     args_ext = (arrays, f_consts, fn_consts, ev_consts)
 
@@ -250,7 +259,9 @@ def _build_problem(
         y0=y0,
         args=args_ext,
         args_diff=args_diff,
-        combine=lambda d: combine(d, args_static),
+        combine=combine,
+        args_static=args_static,
+        save_fn=lambda t, y, a: fn_conv(t, y, a[0], *a[2]),
         tau0=tau0,
         tau1=tau1,
         grid=grid,
@@ -524,8 +535,8 @@ def _with_user_args(f, user_args, partitioned=False):
 def _closure_convert_rhs(f, solver, t0, y0, args):
     """``f`` with closed-over arrays hoisted into an explicit tuple of constants."""
     if solver.partitioned:
-        fu, cu = jax.closure_convert(f[0], t0, y0[1], args)
-        fv, cv = jax.closure_convert(f[1], t0, y0[0], args)
+        fu, cu = hoist_closure(f[0], t0, y0[1], args)
+        fv, cv = hoist_closure(f[1], t0, y0[0], args)
         nu = len(cu)
 
         def f_u(t, v, a):
@@ -535,7 +546,7 @@ def _closure_convert_rhs(f, solver, t0, y0, args):
             return fv(t, u, a[0], *a[1][nu:])
 
         return (f_u, f_v), (*cu, *cv)
-    fc, consts = jax.closure_convert(f, t0, y0, args)
+    fc, consts = hoist_closure(f, t0, y0, args)
     return (lambda t, y, a: fc(t, y, a[0], *a[1])), tuple(consts)
 
 
@@ -551,7 +562,7 @@ def _closure_convert_events(events, user_args, t0, y0, arrays):
                 pair.append(None)
                 pair_consts.append(())
                 continue
-            conv, cs = jax.closure_convert(_with_user_args(fun, user_args), t0, y0, arrays)
+            conv, cs = hoist_closure(_with_user_args(fun, user_args), t0, y0, arrays)
             pair.append(lambda t, y, a, conv=conv, i=i, k=k: conv(t, y, a[0], *a[3][i][k]))
             pair_consts.append(tuple(cs))
         fns.append(tuple(pair))

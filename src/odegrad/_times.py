@@ -17,6 +17,7 @@ discretised solve's differ from them by its error, like the continuous adjoints'
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -26,7 +27,7 @@ import numpy as np
 from ._saveat import SaveAt
 from ._step import StepTo
 from ._tracers import differentiated, forward_mode
-from ._tree import split_arrays
+from ._tree import hoist_closure, lift_tracers, split_arrays
 
 
 def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
@@ -35,22 +36,39 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
     saveat = options["saveat"] or SaveAt(t1=True)
     options = {**options, "saveat": saveat}
     _check_supported(saveat, options)
-    arrays, rebuild, _ = split_arrays(args)
+    arrays, rebuild, arrays_of = split_arrays(args)
     partitioned = options["solver"] is not None and options["solver"].partitioned
+    # Under jax.grad(jax.jit(loss)) the rules below are traced after the jit trace: what they
+    # use of it must be their arguments. f's closure joins the differentiable arrays; traced
+    # options (og.Fixed(dt), tolerances) are held constant.
+    f_conv, f_consts = _explicit_rhs(f, partitioned, t_span, y0, arrays, rebuild)
+    # (saveat's ts come in the times: its other fields are never traced)
+    opts, with_opts = lift_tracers({k: v for k, v in options.items() if k != "saveat"})
 
-    def outputs(times, y0, arrays):
+    def rhs_of(consts):
+        """The user's f (a pair when partitioned) on the user's args, from hoisted consts."""
+        if partitioned:
+            return tuple(
+                (lambda t, y, a, c=c, k=k: c(t, y, arrays_of(a), *consts[k]))
+                for k, c in enumerate(f_conv)
+            )
+        return lambda t, y, a: f_conv(t, y, arrays_of(a), *consts)
+
+    def outputs(times, y0, arrays, opts):
         if differentiated(times):  # an outer derivative of the times: its rules are first-order
             raise NotImplementedError(
                 "og.solve: second derivatives with respect to t_span or SaveAt(ts) are not "
                 "supported (first derivatives are, in reverse and in forward mode)."
             )
         t0, t1, ts = times
-        inner = {**options, "saveat": dataclasses.replace(saveat, ts=ts)}
-        sol = solve(f, y0, (t0, t1), rebuild(arrays), **inner)
+        user_arrays, consts = arrays
+        inner = {**with_opts(opts), "saveat": dataclasses.replace(saveat, ts=ts)}
+        sol = solve(rhs_of(consts), y0, (t0, t1), rebuild(user_arrays), **inner)
         return (sol.ts, sol.ys), (sol.stats, sol.result)
 
     def rhs(t, y, arrays):
-        a = rebuild(arrays)
+        user_arrays, consts = arrays
+        f, a = rhs_of(consts), rebuild(user_arrays)
         if partitioned:
             (f_u, f_v), (u, v) = f, y
             return f_u(t, v, a), f_v(t, u, a)
@@ -60,12 +78,12 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
     moving = lambda tree: jax.tree.map(lambda x: x[first:], tree)
 
     @jax.custom_vjp
-    def run(times, y0, arrays):
-        return outputs(times, y0, arrays)
+    def run(times, y0, arrays, opts):
+        return outputs(times, y0, arrays, opts)
 
-    def run_fwd(times, y0, arrays):
+    def run_fwd(times, y0, arrays, opts):
         (ts, ys), pullback, aux = jax.vjp(
-            lambda y, a: outputs(times, y, a), y0, arrays, has_aux=True
+            lambda y, a: outputs(times, y, a, opts), y0, arrays, has_aux=True
         )
         return ((ts, ys), aux), (pullback, times, y0, arrays, ts, ys)
 
@@ -84,25 +102,25 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
         ct_t0 = (ct_ts[0] if saveat.t0 else 0) - _dot(a0, rhs(t0, y0, arrays))
         ct_t1 = per_row[n_ts] if saveat.t1 else 0
         cts = (_like(ct_t0, t0), _like(ct_t1, t1), _like(per_row[:n_ts], save_ts))
-        return cts, ct_y0, ct_arrays
+        return cts, ct_y0, ct_arrays, None  # the options: held constant
 
     run.defvjp(run_fwd, run_bwd)
 
     # forward mode (jax.jvp, jacfwd), which a custom VJP refuses: the same derivatives pushed
     # forward, y0's tangent less f(t0, y0) dt0 through the solve
-    @jax.custom_jvp
-    def run_forward_mode(times, y0, arrays):
-        return outputs(times, y0, arrays)
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+    def run_forward_mode(times, y0, arrays, opts):
+        return outputs(times, y0, arrays, opts)
 
     @run_forward_mode.defjvp
-    def _(primals, tangents):
+    def _(opts, primals, tangents):
         times, y0, arrays = primals
         (d_t0, d_t1, d_ts), d_y0, d_arrays = tangents
         t0, _, save_ts = times
         f0 = rhs(t0, y0, arrays)
         shifted = jax.tree.map(lambda d, g: d - g * d_t0, d_y0, f0)
         (ts, ys), (d_ts_out, d_ys), aux = jax.jvp(
-            lambda y, a: outputs(times, y, a), (y0, arrays), (shifted, d_arrays), has_aux=True
+            lambda y, a: outputs(times, y, a, opts), (y0, arrays), (shifted, d_arrays), has_aux=True
         )
         row = lambda d: jnp.reshape(jnp.asarray(d, ts.dtype), (-1,))
         d_times = [row(d_t0)] if saveat.t0 else []
@@ -120,13 +138,30 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
 
     t0, t1 = t_span
     times = (t0, t1, saveat.ts)
+    arrays = (arrays, f_consts)
     # forward mode from the inputs: under jax.jit JAX refuses a custom VJP's forward mode only
     # when lowering, after this returns
     if forward_mode((times, y0, arrays)):
-        (ts, ys), (stats, result) = run_forward_mode(times, y0, arrays)
+        (ts, ys), (stats, result) = run_forward_mode(times, y0, arrays, opts)
     else:
-        (ts, ys), (stats, result) = run(times, y0, arrays)
+        (ts, ys), (stats, result) = run(times, y0, arrays, opts)
     return ts, ys, stats, result
+
+
+def _explicit_rhs(f, partitioned: bool, t_span, y0, arrays, rebuild):
+    """``(conv, consts)``: ``f`` (each of a pair) as ``conv(t, y, arrays, *consts)`` on the
+    array leaves of ``args``, every traced value it closes over in ``consts``
+    (:func:`~odegrad._tree.hoist_closure`)."""
+    real = jnp.finfo(jnp.result_type(*jax.tree.leaves(y0))).dtype
+    t = jax.ShapeDtypeStruct((), jnp.result_type(real, *[jnp.result_type(x) for x in t_span]))
+    on_arrays = lambda g: lambda t, y, a: g(t, y, rebuild(a))
+    if partitioned:
+        (cu, ku), (cv, kv) = (
+            hoist_closure(on_arrays(g), t, y, arrays)
+            for g, y in zip(f, (y0[1], y0[0]), strict=True)
+        )
+        return (cu, cv), (ku, kv)
+    return hoist_closure(on_arrays(f), t, y0, arrays)
 
 
 def _like(c, t):
@@ -144,7 +179,8 @@ def _dot(a: Any, b: Any):
     return sum(jnp.real(jnp.sum(x * y)) for x, y in pairs)
 
 
-def _check_supported(saveat, options: dict) -> None:
+def _unsupported(saveat, options: dict) -> list[str]:
+    """What of this solve has no derivative with respect to the times."""
     unsupported = {
         "SaveAt(fn=...)": saveat.fn is not None,
         "SaveAt(steps=True)": saveat.steps,
@@ -152,7 +188,22 @@ def _check_supported(saveat, options: dict) -> None:
         "events=": options.get("events") is not None,
         "step=og.StepTo(ts)": isinstance(options.get("step"), StepTo),
     }
-    used = [name for name, on in unsupported.items() if on]
+    return [name for name, on in unsupported.items() if on]
+
+
+def may_differentiate_times(t_span, saveat, options: dict) -> bool:
+    """Whether the times of a solve that supports their derivatives are traced (under
+    ``jax.jit``): a ``jax.grad`` outside the jit may differentiate them, unseen here."""
+    if not isinstance(t_span, tuple | list) or not isinstance(saveat, SaveAt | None):
+        return False  # og.solve's checks explain
+    saveat = saveat or SaveAt(t1=True)
+    times = [t for t in (*t_span, saveat.ts) if t is not None]
+    traced = any(isinstance(t, jax.core.Tracer) for t in jax.tree.leaves(times))
+    return traced and not _unsupported(saveat, options)
+
+
+def _check_supported(saveat, options: dict) -> None:
+    used = _unsupported(saveat, options)
     if used:
         raise ValueError(
             f"og.solve: t_span or SaveAt(ts) is being differentiated, which is supported for "

@@ -5,12 +5,14 @@ Every function here is traced once per solve; none runs per step at Python level
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
 
 PyTree = Any
 
@@ -181,3 +183,68 @@ def partition_args(args: PyTree):
         return jax.tree.unflatten(treedef, [next(it_d) if m else next(it_s) for m in mask])
 
     return diff, static, combine
+
+
+def hoist_closure(fun, *example_args):
+    """``(converted, consts)``: ``converted(*args, *consts) == fun(*args)``, with every traced
+    value ``fun`` closes over in ``consts``, as :func:`jax.closure_convert` (which leaves in
+    the closure the tracers that cannot be differentiated, integer ones: a ``jax.grad`` outside
+    the ``jax.jit`` that made them traces the adjoints' rules after that trace ended, and meets
+    them as a leaked tracer). ``example_args`` fix the argument types, as there."""
+    closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*example_args)
+    consts = list(closed.consts)
+    where = [i for i, c in enumerate(consts) if isinstance(c, jax.core.Tracer)]
+    in_tree = jax.tree.structure(example_args)
+    out_tree = jax.tree.structure(out_shape)
+
+    def converted(*args_and_consts):
+        n_args = len(args_and_consts) - len(where)
+        args, hoisted = args_and_consts[:n_args], args_and_consts[n_args:]
+        values = list(consts)
+        for i, v in zip(where, hoisted, strict=True):
+            values[i] = v
+        flat, tree = jax.tree.flatten(args)
+        if tree != in_tree:
+            raise TypeError(f"hoist_closure: arguments {tree} do not match {in_tree}.")
+        out = jaxpr_as_fun(ClosedJaxpr(closed.jaxpr, values))(*flat)
+        return jax.tree.unflatten(out_tree, out)
+
+    return converted, [consts[i] for i in where]
+
+
+def lift_tracers(obj):
+    """``(tracers, rebuild)``: the JAX tracers inside ``obj`` (in tuples, lists, dicts and the
+    fields of dataclasses such as ``og.Fixed(dt)``), and ``rebuild(values)``, ``obj`` with
+    ``values`` in their place: how a custom derivative rule takes them as arguments rather
+    than closing over another trace's values."""
+    found = []
+
+    def visit(x):
+        if isinstance(x, jax.core.Tracer):
+            found.append(x)
+            k = len(found) - 1
+            return lambda values: values[k]
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            parts = {f.name: visit(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init}
+            parts = {name: p for name, p in parts.items() if p is not None}
+            if not parts:
+                return None
+            return lambda values: dataclasses.replace(
+                x, **{name: p(values) for name, p in parts.items()}
+            )
+        if type(x) in (tuple, list, dict):
+            items = list(x.items()) if isinstance(x, dict) else list(enumerate(x))
+            parts = {key: visit(v) for key, v in items}
+            parts = {key: p for key, p in parts.items() if p is not None}
+            if not parts:
+                return None
+
+            def rebuilt(values):
+                new = [(k, parts[k](values) if k in parts else v) for k, v in items]
+                return dict(new) if isinstance(x, dict) else type(x)(v for _, v in new)
+
+            return rebuilt
+        return None
+
+    rebuild = visit(obj)
+    return found, (lambda values: obj) if rebuild is None else rebuild

@@ -47,8 +47,9 @@ from .._step import AbstractStep, Adaptive, Fixed
 from .._tree import tree_add, tree_scale, tree_size, tree_where, tree_zeros_like
 from .base import (
     AbstractAdjoint,
+    CustomRule,
     Problem,
-    call_custom_vjp,
+    custom_vjp_solve,
     instantiate_zeros,
     primal_values,
     refuse_dense_cotangent,
@@ -110,6 +111,9 @@ class _Continuous(AbstractAdjoint):
                 f"{solver_b!r} does not have: pass solver= an embedded method such as og.BS3() "
                 f"or og.Tsit5(), or step=og.Fixed(dt)."
             )
+        return custom_vjp_solve(problem, self._rule, symbolic_zeros=True)
+
+    def _rule(self, problem: Problem) -> CustomRule:
         plan, src = problem.plan, self.source
         fwd_problem = replace(problem.without_scan_tap(), plan=src.forward_plan(plan))
 
@@ -121,27 +125,22 @@ class _Continuous(AbstractAdjoint):
             keep.update(out.record)
             return out._replace(record={}), keep
 
-        def forward(y0, args_diff):
+        def primal(y0, args_diff):
             record = src.step_record(problem)
-            return fwd_problem.forward(y0, problem.with_args(args_diff), record=(record,))
-
-        @jax.custom_vjp
-        def solve(y0, args_diff):
-            return split(forward(y0, args_diff))[0]
+            out = fwd_problem.forward(y0, problem.with_args(args_diff), record=(record,))
+            return split(out)
 
         def solve_fwd(y0, args_diff):
             # (symbolic zeros: so that the reverse pass sees which outputs are differentiated)
             y0, args_diff = primal_values((y0, args_diff))
-            out, keep = split(forward(y0, args_diff))
+            out, keep = primal(y0, args_diff)
             return out, (y0, args_diff, keep)
 
         def solve_bwd(res, ct: LoopOutput):
             refuse_dense_cotangent(f"og.{type(self).__name__}()", ct.dense)
             return self._backward(problem, *res, instantiate_zeros(ct))
 
-        solve.defvjp(solve_fwd, solve_bwd, symbolic_zeros=True)
-        plain = lambda y0, args_diff: split(forward(y0, args_diff))[0]
-        return call_custom_vjp(solve, plain, problem.y0, problem.args_diff)
+        return CustomRule(lambda y0, args_diff: primal(y0, args_diff)[0], solve_fwd, solve_bwd)
 
     # -- the right-hand side's VJP: jax.vjp of f, or the user's ---------------------------------
     def _rhs_and_vjp(self, problem: Problem):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +31,8 @@ class Problem:
 
     Times are in forward time ``tau = direction * t`` (``tau1 > tau0``); ``f(t, y, args)`` takes
     real time and ``plan.fn`` takes ``tau``. Neither closes over anything that needs a gradient:
-    closed-over arrays were moved into ``args``, and ``combine(diff)`` rebuilds ``args`` from its
-    differentiable leaves.
+    closed-over arrays were moved into ``args``, and ``with_args(diff)`` rebuilds ``args`` from
+    its differentiable leaves and ``args_static`` (the integer and boolean ones).
     """
 
     solver: Any
@@ -40,7 +41,7 @@ class Problem:
     y0: PyTree
     args: PyTree
     args_diff: list
-    combine: Any
+    combine: Any  # combine(args_diff, args_static) -> args
     tau0: Any
     tau1: Any
     grid: Any  # a static-length step grid, or None for while-loop stepping
@@ -58,13 +59,51 @@ class Problem:
     events: Any = None
     #: ``og.solve(throw=...)``: a failed backward solve raises, not only returns nan
     throw: bool = True
+    #: the leaves of ``args`` that are not differentiable (integer and boolean arrays)
+    args_static: list = dataclasses.field(default_factory=list)
+    #: ``plan.fn`` in real time, ``fn(t, y, args)``: rebuilt with a traced ``direction``
+    save_fn: Any = None
 
     @property
     def static_steps(self) -> int | None:
         return None if self.grid is None else self.grid.shape[0] - 1
 
     def with_args(self, args_diff) -> PyTree:
-        return self.combine(args_diff)
+        return self.combine(args_diff, self.args_static)
+
+    def traced_constants(self) -> tuple[list, Any]:
+        """``(consts, with_consts)``: the problem's traced values other than ``y0`` and
+        ``args_diff`` (times, the step grid, ``args_static``), and ``with_consts(values)``, this
+        problem with ``values`` in their place.
+
+        The adjoints' custom VJPs take them as arguments (:func:`custom_vjp_solve`): closed
+        over, they would be one trace's tracers used in another, as when ``jax.grad`` of a
+        ``jax.jit``-ed loss traces the backward rule after the jit trace ended ("No constant
+        handler"). Concrete values stay in place."""
+        fields = (
+            self.direction, self.tau0, self.tau1, self.grid, self.control, self.plan.ts,
+            self.args_static,
+        )  # fmt: skip
+        leaves, treedef = jax.tree.flatten(fields)
+        where = [i for i, x in enumerate(leaves) if isinstance(x, jax.core.Tracer)]
+        if not where:
+            return [], lambda values: self
+
+        def with_consts(values):
+            new = list(leaves)
+            for i, v in zip(where, values, strict=True):
+                new[i] = v
+            s, tau0, tau1, grid, control, ts, static = jax.tree.unflatten(treedef, new)
+            plan = dataclasses.replace(self.plan, ts=ts)
+            if self.save_fn is not None:
+                save_fn = self.save_fn
+                plan = dataclasses.replace(plan, fn=lambda tau, y, a: save_fn(s * tau, y, a))
+            return dataclasses.replace(
+                self, direction=s, tau0=tau0, tau1=tau1, grid=grid, control=control,
+                plan=plan, args_static=static,
+            )  # fmt: skip
+
+        return [leaves[i] for i in where], with_consts
 
     @functools.cached_property
     def kinks(self) -> tuple[Kink, ...]:
@@ -73,7 +112,7 @@ class Problem:
         if self.solver.partitioned:  # f is a pair; its kinks are not looked for
             return ()
         return find_kinks(
-            lambda t, y, a: self.f(t, y, self.combine(a)),
+            lambda t, y, a: self.f(t, y, self.with_args(a)),
             self.direction * self.tau0,
             self.y0,
             self.args_diff,
@@ -220,8 +259,7 @@ def refuse_dense_cotangent(adjoint_name: str, dense_ct) -> None:
 
 def primal_values(tree):
     """The values of a ``custom_vjp`` forward rule's inputs under ``symbolic_zeros=True``."""
-    is_primal = lambda p: isinstance(p, CustomVJPPrimal)
-    return jax.tree.map(lambda p: p.value, tree, is_leaf=is_primal)
+    return jax.tree.map(lambda p: p.value, tree, is_leaf=_is_primal)
 
 
 def instantiate_zeros(ct):
@@ -232,21 +270,75 @@ def instantiate_zeros(ct):
     )
 
 
-def call_custom_vjp(custom, plain, *args):
-    """Call a ``jax.custom_vjp`` solve; under forward-mode autodiff (``jax.jvp``, ``jacfwd``),
-    which JAX refuses for a custom VJP, call ``plain`` instead: the plain loops differentiate
-    forward exactly (step sizes as constants) and forward mode never needs stored states.
+class CustomRule(NamedTuple):
+    """An adjoint's reverse pass for one problem: ``primal(y0, args_diff) -> LoopOutput``,
+    ``fwd(y0, args_diff) -> (LoopOutput, residuals)`` and ``bwd(residuals, ct) -> (ct_y0,
+    ct_args_diff)``, as ``jax.custom_vjp`` takes them."""
 
-    Forward mode is recognised from the inputs (under ``jax.jit`` JAX raises its refusal only
-    when the program is lowered, after the solve has returned), else from JAX's error."""
+    primal: Callable
+    fwd: Callable
+    bwd: Callable
+
+
+def custom_vjp_solve(
+    problem: Problem, rule: Callable[[Problem], CustomRule], symbolic_zeros: bool = False
+) -> LoopOutput:
+    """The solve with ``rule(problem)``'s reverse pass, a ``jax.custom_vjp`` of ``(y0,
+    args_diff)`` whose rules see the problem rebuilt from their own arguments
+    (:meth:`Problem.traced_constants`), so that they close over no other trace's values.
+    ``symbolic_zeros``: ``fwd`` gets JAX's ``CustomVJPPrimal`` inputs and ``bwd`` its
+    ``SymbolicZero`` cotangents.
+
+    Under forward-mode autodiff (``jax.jvp``, ``jacfwd``), which JAX refuses for a custom VJP,
+    ``primal`` runs instead: the plain loops differentiate forward exactly (step sizes as
+    constants) and forward mode never needs stored states. Forward mode is recognised from the
+    inputs (under ``jax.jit`` JAX raises its refusal only when the program is lowered, after the
+    solve has returned), else from JAX's error."""
+    consts, with_consts = problem.traced_constants()
+
+    def primal(y0, args_diff, consts):
+        return rule(with_consts(consts)).primal(y0, args_diff)
+
+    @jax.custom_vjp
+    def solve(y0, args_diff, consts):
+        return primal(y0, args_diff, consts)
+
+    def solve_fwd(y0, args_diff, consts):
+        if any(p.perturbed for p in jax.tree.leaves(consts, is_leaf=_is_primal)):
+            raise ValueError(
+                "og.solve: jax.grad reaches t_span, SaveAt(ts) or a step grid from outside the "
+                "jax.jit that traced this solve, whose times have no derivative here (events, "
+                "StepTo or SaveAt(fn/steps/dense)). Wrap the times in jax.lax.stop_gradient, or "
+                "differentiate with respect to a span T by solving on s in [0, 1] with "
+                "f_s(s, y, (T, args)) = T * f(t0 + s T, y, args)."
+            )
+        consts = primal_values(consts)
+        if not symbolic_zeros:
+            y0, args_diff = primal_values((y0, args_diff))
+        out, res = rule(with_consts(consts)).fwd(y0, args_diff)
+        return out, (res, consts)
+
+    def solve_bwd(res, ct):
+        res, consts = res
+        if not symbolic_zeros:
+            ct = instantiate_zeros(ct)
+        ct_y0, ct_args = rule(with_consts(consts)).bwd(res, ct)
+        return ct_y0, ct_args, None  # the constants' cotangents: zero (see solve_fwd)
+
+    solve.defvjp(solve_fwd, solve_bwd, symbolic_zeros=True)
+    args = (problem.y0, problem.args_diff, consts)
     if forward_mode(args):
-        return plain(*args)
+        return primal(*args)
     try:
-        return custom(*args)
+        return solve(*args)
     except TypeError as e:
         if "forward-mode" not in str(e):
             raise
-        return plain(*args)
+        return primal(*args)
+
+
+def _is_primal(p) -> bool:
+    return isinstance(p, CustomVJPPrimal)
 
 
 class AbstractAdjoint(abc.ABC):

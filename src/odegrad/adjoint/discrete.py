@@ -33,7 +33,7 @@ from .._loop import LoopOutput
 from .._recorders import StepRecord
 from .._saving import saved_value, saves_gathered, saves_in_step
 from .._tree import tree_add, tree_zeros_like
-from .base import AbstractAdjoint, Problem, call_custom_vjp
+from .base import AbstractAdjoint, CustomRule, Problem, custom_vjp_solve
 from .checkpointing import reverse_steps
 from .memory import CheckpointPolicy, checkpoint_policy
 
@@ -116,7 +116,7 @@ class Discrete(AbstractAdjoint):
 
 def _checkpointed(problem: Problem, checkpoints, keep_state: bool) -> LoopOutput:
     """The solve with a custom VJP that reverses the steps under binomial checkpointing."""
-    solver, plan = problem.solver, problem.plan
+    plan = problem.plan
     fixed = problem.static_steps is not None
     store_all = checkpoints == "all"
     # keep_state: (y, solver state) pairs are kept, else y alone
@@ -138,163 +138,170 @@ def _checkpointed(problem: Problem, checkpoints, keep_state: bool) -> LoopOutput
     def strip(out: LoopOutput) -> LoopOutput:
         return out._replace(record={})
 
-    problem = problem.without_scan_tap()
+    def rule(problem: Problem) -> CustomRule:
+        solver, plan = problem.solver, problem.plan
 
-    @jax.custom_vjp
-    def solve(y0, args_diff):
-        return strip(problem.forward(y0, problem.with_args(args_diff)))
+        def primal(y0, args_diff):
+            return strip(problem.forward(y0, problem.with_args(args_diff)))
 
-    def solve_fwd(y0, args_diff):
-        out = problem.forward(y0, problem.with_args(args_diff), (record,))
-        rec = out.record
-        if out.events is not None:
-            rec = {**rec, "which": out.events.which}
-        return strip(out), (y0, args_diff, rec)
+        def solve_fwd(y0, args_diff):
+            out = problem.forward(y0, problem.with_args(args_diff), (record,))
+            rec = out.record
+            if out.events is not None:
+                rec = {**rec, "which": out.events.which}
+            return strip(out), (y0, args_diff, rec)
 
-    def solve_bwd(res, ct: LoopOutput):
-        y0, args_diff, rec = res
-        args = problem.with_args(args_diff)
-        if fixed:
-            starts = problem.grid
-            sizes = problem.grid[1:] - problem.grid[:-1]
-            n = problem.static_steps
-        else:
-            starts, sizes, n = rec["starts"], rec["sizes"], rec["n"]
-
-        # With int checkpoints, f's internals are recomputed inside each reverse step rather
-        # than held as residuals (memory is what the user asked to save), and only y is kept:
-        step_problem = (
-            problem
-            if store_all
-            else dataclasses.replace(
-                problem, f=_rematerialized(problem.f, problem.solver.partitioned)
-            )
-        )
-
-        # without keep_state the solver's carried state (the FSAL stage f(t, y), or Leapfrog's
-        # acceleration), a function of (t, y), is recomputed: half the checkpoint memory for
-        # one extra f evaluation per reverse step.
-        def step_fn(k, y, st, a_diff):
-            a = problem.with_args(a_diff)
-            if st is None:
-                st = problem.init_state(y, a, starts[k])
-            res_ = step_problem.step(starts[k], sizes[k], y, a, st, StepRecord.retried_at(rec, k))
-            # the dense output is an output of the step only when saves read it: otherwise the
-            # reverse step would push zero cotangents through every stage
-            dense = res_.dense if need_dense else ()
-            y1, st1 = res_.y1, res_.state
-            if problem.events is None:
-                return y1, (st1 if keep_state else None), dense, ()
-            y1, st1, event = problem.replay_event(rec, k, starts, res_, a)
-            return y1, (st1 if keep_state else None), dense, event
-
-        def advance(k, x):
-            if keep_state:
-                y1, st1, *_ = step_fn(k, x[0], x[1], args_diff)
-                return (y1, st1)
-            return step_fn(k, x, None, args_diff)[0]
-
-        def backward(k, x, adj):
-            a_y, a_st, a_args = adj
-            if problem.progress is not None:
-                problem.progress.backward.every(k, n, 1 - k / n)
-            if keep_state:
-                (y1, _, dense, event), vjp = jax.vjp(
-                    lambda y, s, a: step_fn(k, y, s, a), *x, args_diff
-                )
+        def solve_bwd(res, ct: LoopOutput):
+            y0, args_diff, rec = res
+            args = problem.with_args(args_diff)
+            if fixed:
+                starts = problem.grid
+                sizes = problem.grid[1:] - problem.grid[:-1]
+                n = problem.static_steps
             else:
-                (y1, _, dense, event), vjp_y = jax.vjp(
-                    lambda y, a: step_fn(k, y, None, a), x, args_diff
-                )
+                starts, sizes, n = rec["starts"], rec["sizes"], rec["n"]
 
-                def vjp(c):
-                    # one call: each call is a whole reverse pass of the step, which XLA does
-                    # not merge with another (calling it per output doubled the stage transposes)
-                    cy, ca = vjp_y(c)
-                    return cy, None, ca
-
-            ct_dense = tree_zeros_like(dense)
-            ct_event = ()
-            if problem.events is not None:
-                ct_event = problem.event_cotangent(rec["ev"][k], rec["which"], ct)
-                y1 = event[1]  # the state a step's saved row holds: just before its event
-            if plan.dense:
-                ct_dense = tree_add(ct_dense, jax.tree.map(lambda c: c[k], ct.dense[2]))
-            if plan.steps:
-                row = jax.tree.map(lambda c: c[k], ct.steps_ys)
-                _, vjp_fn = jax.vjp(
-                    lambda y, a: plan.fn(starts[k + 1], y, problem.with_args(a)), y1, args_diff
+            # With int checkpoints, f's internals are recomputed inside each reverse step rather
+            # than held as residuals (memory is what the user asked to save), and only y is kept:
+            step_problem = (
+                problem
+                if store_all
+                else dataclasses.replace(
+                    problem, f=_rematerialized(problem.f, problem.solver.partitioned)
                 )
-                cy, ca = vjp_fn(row)
-                a_args = tree_add(a_args, ca)
+            )
+
+            # without keep_state the solver's carried state (the FSAL stage f(t, y), or Leapfrog's
+            # acceleration), a function of (t, y), is recomputed: half the checkpoint memory for
+            # one extra f evaluation per reverse step.
+            def step_fn(k, y, st, a_diff):
+                a = problem.with_args(a_diff)
+                if st is None:
+                    st = problem.init_state(y, a, starts[k])
+                res_ = step_problem.step(
+                    starts[k], sizes[k], y, a, st, StepRecord.retried_at(rec, k)
+                )
+                # the dense output is an output of the step only when saves read it: otherwise the
+                # reverse step would push zero cotangents through every stage
+                dense = res_.dense if need_dense else ()
+                y1, st1 = res_.y1, res_.state
                 if problem.events is None:
-                    a_y = tree_add(a_y, cy)
+                    return y1, (st1 if keep_state else None), dense, ()
+                y1, st1, event = problem.replay_event(rec, k, starts, res_, a)
+                return y1, (st1 if keep_state else None), dense, event
+
+            def advance(k, x):
+                if keep_state:
+                    y1, st1, *_ = step_fn(k, x[0], x[1], args_diff)
+                    return (y1, st1)
+                return step_fn(k, x, None, args_diff)[0]
+
+            def backward(k, x, adj):
+                a_y, a_st, a_args = adj
+                if problem.progress is not None:
+                    problem.progress.backward.every(k, n, 1 - k / n)
+                if keep_state:
+                    (y1, _, dense, event), vjp = jax.vjp(
+                        lambda y, s, a: step_fn(k, y, s, a), *x, args_diff
+                    )
                 else:
-                    a_y_row = cy
-            if plan.ts is not None:
-                j0, j1 = saves_in_step(plan.ts, k, starts[k], starts[k + 1])
+                    (y1, _, dense, event), vjp_y = jax.vjp(
+                        lambda y, a: step_fn(k, y, None, a), x, args_diff
+                    )
 
-                def save_ct(c):
-                    # the step's saves `gather` at a time: one loop iteration per save cost the
-                    # vmapped neural ODE's backward pass (100 saves, 5 steps) more than its
-                    # stages. Under vmap the loop runs for the member with the most saves in
-                    # step k; rows past a member's j1 add nothing.
-                    i, cd, ca = c
-                    idx = i + jnp.arange(gather)
-                    valid = idx < j1
-                    idx = jnp.minimum(idx, plan.ts.shape[0] - 1)
-                    rows = jax.tree.map(lambda c: c[idx], ct.ts_ys)
+                    def vjp(c):
+                        # one call: each call is a whole reverse pass of the step, which XLA
+                        # does not merge with another (calling it per output doubled the stage
+                        # transposes)
+                        cy, ca = vjp_y(c)
+                        return cy, None, ca
 
-                    def one(j, row):
-                        save = lambda d, a: saved_value(
-                            plan, solver, d, j, starts[k], sizes[k], problem.with_args(a)
+                ct_dense = tree_zeros_like(dense)
+                ct_event = ()
+                if problem.events is not None:
+                    ct_event = problem.event_cotangent(rec["ev"][k], rec["which"], ct)
+                    y1 = event[1]  # the state a step's saved row holds: just before its event
+                if plan.dense:
+                    ct_dense = tree_add(ct_dense, jax.tree.map(lambda c: c[k], ct.dense[2]))
+                if plan.steps:
+                    row = jax.tree.map(lambda c: c[k], ct.steps_ys)
+                    _, vjp_fn = jax.vjp(
+                        lambda y, a: plan.fn(starts[k + 1], y, problem.with_args(a)), y1, args_diff
+                    )
+                    cy, ca = vjp_fn(row)
+                    a_args = tree_add(a_args, ca)
+                    if problem.events is None:
+                        a_y = tree_add(a_y, cy)
+                    else:
+                        a_y_row = cy
+                if plan.ts is not None:
+                    j0, j1 = saves_in_step(plan.ts, k, starts[k], starts[k + 1])
+
+                    def save_ct(c):
+                        # the step's saves `gather` at a time: one loop iteration per save cost the
+                        # vmapped neural ODE's backward pass (100 saves, 5 steps) more than its
+                        # stages. Under vmap the loop runs for the member with the most saves in
+                        # step k; rows past a member's j1 add nothing.
+                        i, cd, ca = c
+                        idx = i + jnp.arange(gather)
+                        valid = idx < j1
+                        idx = jnp.minimum(idx, plan.ts.shape[0] - 1)
+                        rows = jax.tree.map(lambda c: c[idx], ct.ts_ys)
+
+                        def one(j, row):
+                            save = lambda d, a: saved_value(
+                                plan, solver, d, j, starts[k], sizes[k], problem.with_args(a)
+                            )
+                            if not plan.fn_reads_args:
+                                return jax.vjp(lambda d: save(d, args_diff), dense)[1](row)[0], ()
+                            return jax.vjp(save, dense, args_diff)[1](row)
+
+                        # each save's own cotangents, summed by a product with the mask: XLA:CPU
+                        # ran the reduction of a vmapped VJP's transpose 100x slower (its YNN
+                        # reduce fusion on a (32, 256, 2) stack: 350 us against 3 us as a dot)
+                        dcd, dca = jax.vmap(one)(idx, rows)
+                        total = lambda x: jnp.tensordot(valid.astype(x.dtype), x, axes=1)
+                        ca = (
+                            ca if not plan.fn_reads_args else tree_add(ca, jax.tree.map(total, dca))
                         )
-                        if not plan.fn_reads_args:
-                            return jax.vjp(lambda d: save(d, args_diff), dense)[1](row)[0], ()
-                        return jax.vjp(save, dense, args_diff)[1](row)
+                        return i + gather, tree_add(cd, jax.tree.map(total, dcd)), ca
 
-                    # each save's own cotangents, summed by a product with the mask: XLA:CPU
-                    # ran the reduction of a vmapped VJP's transpose 100x slower (its YNN
-                    # reduce fusion on a (32, 256, 2) stack: 350 us against 3 us as a dot)
-                    dcd, dca = jax.vmap(one)(idx, rows)
-                    total = lambda x: jnp.tensordot(valid.astype(x.dtype), x, axes=1)
-                    ca = ca if not plan.fn_reads_args else tree_add(ca, jax.tree.map(total, dca))
-                    return i + gather, tree_add(cd, jax.tree.map(total, dcd)), ca
+                    _, ct_dense, a_args = lax.while_loop(
+                        lambda c: any_member(c[0] < j1), save_ct, (j0, ct_dense, a_args)
+                    )
+                if plan.steps and problem.events is not None:
+                    # the row's cotangent reached y-, an output of its own
+                    ct_event = (ct_event[0], tree_add(ct_event[1], a_y_row))
+                cy0, cst0, ca0 = vjp((a_y, a_st, ct_dense, ct_event))
+                return cy0, cst0, tree_add(a_args, ca0)
 
-                _, ct_dense, a_args = lax.while_loop(
-                    lambda c: any_member(c[0] < j1), save_ct, (j0, ct_dense, a_args)
+            if keep_state:
+                st0 = problem.init_state(y0, args)
+                adj = (ct.y1, tree_zeros_like(st0), tree_zeros_like(args_diff))
+                stored, kept, slots = None, None, int(checkpoints) if not store_all else 0
+                if store_all:
+                    stored, slots = ((rec["y"], rec["st"]), n), problem.max_steps
+                elif prefix:
+                    kept = (rec["y"], rec["st"])
+                a_y, a_st, a_args = reverse_steps(
+                    advance, backward, n, (y0, st0), adj, slots, stored, kept
                 )
-            if plan.steps and problem.events is not None:
-                # the row's cotangent reached y-, an output of its own
-                ct_event = (ct_event[0], tree_add(ct_event[1], a_y_row))
-            cy0, cst0, ca0 = vjp((a_y, a_st, ct_dense, ct_event))
-            return cy0, cst0, tree_add(a_args, ca0)
-
-        if keep_state:
-            st0 = problem.init_state(y0, args)
-            adj = (ct.y1, tree_zeros_like(st0), tree_zeros_like(args_diff))
-            stored, kept, slots = None, None, int(checkpoints) if not store_all else 0
-            if store_all:
-                stored, slots = ((rec["y"], rec["st"]), n), problem.max_steps
-            elif prefix:
-                kept = (rec["y"], rec["st"])
-            a_y, a_st, a_args = reverse_steps(
-                advance, backward, n, (y0, st0), adj, slots, stored, kept
+                # the solver's initial state (e.g. k1 = f(t0, y0)) depends on y0 and args too
+                _, vjp_init = jax.vjp(
+                    lambda y, a: problem.init_state(y, problem.with_args(a)), y0, args_diff
+                )
+                cy, ca = vjp_init(a_st)
+                return tree_add(a_y, cy), tree_add(a_args, ca)
+            adj = (ct.y1, None, tree_zeros_like(args_diff))
+            kept = rec["y"] if prefix else None
+            a_y, _, a_args = reverse_steps(
+                advance, backward, n, y0, adj, int(checkpoints), prefix=kept
             )
-            # the solver's initial state (e.g. k1 = f(t0, y0)) depends on y0 and args too
-            _, vjp_init = jax.vjp(
-                lambda y, a: problem.init_state(y, problem.with_args(a)), y0, args_diff
-            )
-            cy, ca = vjp_init(a_st)
-            return tree_add(a_y, cy), tree_add(a_args, ca)
-        adj = (ct.y1, None, tree_zeros_like(args_diff))
-        kept = rec["y"] if prefix else None
-        a_y, _, a_args = reverse_steps(advance, backward, n, y0, adj, int(checkpoints), prefix=kept)
-        return a_y, a_args
+            return a_y, a_args
 
-    solve.defvjp(solve_fwd, solve_bwd)
-    plain = lambda y0, args_diff: strip(problem.forward(y0, problem.with_args(args_diff)))
-    return call_custom_vjp(solve, plain, problem.y0, problem.args_diff)
+        return CustomRule(primal, solve_fwd, solve_bwd)
+
+    return custom_vjp_solve(problem.without_scan_tap(), rule)
 
 
 def _rematerialized(f, partitioned: bool):

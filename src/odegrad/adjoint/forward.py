@@ -30,8 +30,9 @@ from .._loop import LoopOutput, RuntimeGrid
 from .._tree import tree_size
 from .base import (
     AbstractAdjoint,
+    CustomRule,
     Problem,
-    call_custom_vjp,
+    custom_vjp_solve,
     instantiate_zeros,
     refuse_dense_cotangent,
 )
@@ -97,10 +98,6 @@ class Forward(AbstractAdjoint):
             ),
         )
 
-        def primal(y0, args_diff):
-            out = problem.forward(y0, problem.with_args(args_diff))
-            return out._replace(record={})
-
         def differentiable(out: LoopOutput):
             log = () if out.events is None else (out.events.ts, out.events.ys)
             return (out.y1, out.ts_ys, out.steps_ys, out.t1, *log)
@@ -109,77 +106,83 @@ class Forward(AbstractAdjoint):
         specs = [jax.ShapeDtypeStruct(jnp.shape(v), jnp.result_type(v)) for v in leaves0]
         directions = {}  # which input leaves are differentiated, learnt in the forward rule
 
-        @jax.custom_vjp
-        def solve(y0, args_diff):
-            return primal(y0, args_diff)
+        def rule(problem: Problem) -> CustomRule:
+            def primal(y0, args_diff):
+                out = problem.forward(y0, problem.with_args(args_diff))
+                return out._replace(record={})
 
-        def solve_fwd(y0, args_diff):
-            # symbolic zeros tell which inputs are being differentiated: only those get
-            # sensitivity directions (a closed-over y0, say, costs nothing)
-            wrapped = jax.tree.leaves((y0, args_diff), is_leaf=_is_primal)
-            values = [w.value for w in wrapped]
-            live = tuple(i for i, w in enumerate(wrapped) if w.perturbed)
-            directions["live"] = live
-            x, unravel_live = ravel_pytree([values[i] for i in live])
+            def solve_fwd(y0, args_diff):
+                # symbolic zeros tell which inputs are being differentiated: only those get
+                # sensitivity directions (a closed-over y0, say, costs nothing)
+                wrapped = jax.tree.leaves((y0, args_diff), is_leaf=_is_primal)
+                values = [w.value for w in wrapped]
+                live = tuple(i for i, w in enumerate(wrapped) if w.perturbed)
+                directions["live"] = live
+                x, unravel_live = ravel_pytree([values[i] for i in live])
 
-            def rebuild(x_):
-                full = list(values)
-                for i, v in zip(live, unravel_live(x_), strict=True):
-                    full[i] = v
-                return jax.tree.unflatten(treedef, full)
+                def rebuild(x_):
+                    full = list(values)
+                    for i, v in zip(live, unravel_live(x_), strict=True):
+                        full[i] = v
+                    return jax.tree.unflatten(treedef, full)
 
-            def tangent(v):
-                # primal and tangents in one pass; the primal does not depend on v
-                return jax.jvp(lambda x_: primal(*rebuild(x_)), (x,), (v,))
+                def tangent(v):
+                    # primal and tangents in one pass; the primal does not depend on v
+                    return jax.jvp(lambda x_: primal(*rebuild(x_)), (x,), (v,))
 
-            basis = jnp.eye(x.size, dtype=x.dtype if x.size else jnp.float32)
-            if controlled:
-                y0_, args_ = rebuild(x)
-                dy0, dargs = jax.vmap(lambda v: jax.jvp(rebuild, (x,), (v,))[1])(basis)
-                out, sens = _augmented_solve(problem, y0_, args_, dy0, dargs)
-            else:
-                out, sens = jax.vmap(tangent, out_axes=(None, 0))(basis)
-                sens = differentiable(sens)  # leading axis: input direction
-            n_events = None if out.events is None else out.events.count
-            return out, (sens, (out.stats["accepted"], n_events), x)
+                basis = jnp.eye(x.size, dtype=x.dtype if x.size else jnp.float32)
+                if controlled:
+                    y0_, args_ = rebuild(x)
+                    dy0, dargs = jax.vmap(lambda v: jax.jvp(rebuild, (x,), (v,))[1])(basis)
+                    out, sens = _augmented_solve(problem, y0_, args_, dy0, dargs)
+                else:
+                    out, sens = jax.vmap(tangent, out_axes=(None, 0))(basis)
+                    sens = differentiable(sens)  # leading axis: input direction
+                n_events = None if out.events is None else out.events.count
+                return out, (sens, (out.stats["accepted"], n_events), x)
 
-        def solve_bwd(res, ct: LoopOutput):
-            sens, (accepted, n_events), x = res
-            live = directions["live"]
-            n = x.size
-            refuse_dense_cotangent("og.Forward()", ct.dense)
-            ct = instantiate_zeros(ct)
-            if ct.steps_ys is not None:  # rows after the last step are padding: no cotangent
-                ct = ct._replace(
-                    steps_ys=jax.tree.map(
-                        lambda c: jnp.where(
-                            (jnp.arange(c.shape[0]) < accepted).reshape(-1, *[1] * (c.ndim - 1)),
-                            c,
-                            0,
-                        ),
-                        ct.steps_ys,
+            def solve_bwd(res, ct: LoopOutput):
+                sens, (accepted, n_events), x = res
+                live = directions["live"]
+                n = x.size
+                refuse_dense_cotangent("og.Forward()", ct.dense)
+                ct = instantiate_zeros(ct)
+                if ct.steps_ys is not None:  # rows after the last step are padding: no cotangent
+                    ct = ct._replace(
+                        steps_ys=jax.tree.map(
+                            lambda c: jnp.where(
+                                (jnp.arange(c.shape[0]) < accepted).reshape(
+                                    -1, *[1] * (c.ndim - 1)
+                                ),
+                                c,
+                                0,
+                            ),
+                            ct.steps_ys,
+                        )
                     )
-                )
-            if ct.events is not None:  # rows after the last event: padding, no cotangent
-                rows = lambda c: (jnp.arange(c.shape[0]) < n_events).reshape(
-                    -1, *[1] * (c.ndim - 1)
-                )
-                log = jax.tree.map(lambda c: jnp.where(rows(c), c, 0), (ct.events.ts, ct.events.ys))
-                ct = ct._replace(events=ct.events._replace(ts=log[0], ys=log[1]))
-            cts = differentiable(ct)
-            total = jnp.zeros((n,), x.dtype)
-            for s_leaf, c_leaf in zip(jax.tree.leaves(sens), jax.tree.leaves(cts), strict=True):
-                total = total + jnp.tensordot(
-                    s_leaf.reshape(n, -1), c_leaf.reshape(-1).astype(s_leaf.dtype), axes=1
-                )
-            out = [jnp.zeros(sd.shape, sd.dtype) for sd in specs]
-            _, unravel_live = ravel_pytree([out[i] for i in live])
-            for i, v in zip(live, unravel_live(total), strict=True):
-                out[i] = v
-            return tuple(jax.tree.unflatten(treedef, out))
+                if ct.events is not None:  # rows after the last event: padding, no cotangent
+                    rows = lambda c: (jnp.arange(c.shape[0]) < n_events).reshape(
+                        -1, *[1] * (c.ndim - 1)
+                    )
+                    log = jax.tree.map(
+                        lambda c: jnp.where(rows(c), c, 0), (ct.events.ts, ct.events.ys)
+                    )
+                    ct = ct._replace(events=ct.events._replace(ts=log[0], ys=log[1]))
+                cts = differentiable(ct)
+                total = jnp.zeros((n,), x.dtype)
+                for s_leaf, c_leaf in zip(jax.tree.leaves(sens), jax.tree.leaves(cts), strict=True):
+                    total = total + jnp.tensordot(
+                        s_leaf.reshape(n, -1), c_leaf.reshape(-1).astype(s_leaf.dtype), axes=1
+                    )
+                out = [jnp.zeros(sd.shape, sd.dtype) for sd in specs]
+                _, unravel_live = ravel_pytree([out[i] for i in live])
+                for i, v in zip(live, unravel_live(total), strict=True):
+                    out[i] = v
+                return tuple(jax.tree.unflatten(treedef, out))
 
-        solve.defvjp(solve_fwd, solve_bwd, symbolic_zeros=True)
-        return call_custom_vjp(solve, primal, problem.y0, problem.args_diff)
+            return CustomRule(primal, solve_fwd, solve_bwd)
+
+        return custom_vjp_solve(problem, rule, symbolic_zeros=True)
 
 
 def _augmented_solve(problem: Problem, y0, args_diff, dy0, dargs):
@@ -188,7 +191,7 @@ def _augmented_solve(problem: Problem, y0, args_diff, dy0, dargs):
     Returns the state's :class:`LoopOutput` and the sensitivities of ``(y1, ts_ys, steps_ys)``,
     input direction leading. ``dy0``, ``dargs``: the directions (leading axis) in ``y0``/``args``.
     """
-    f, fn, combine = problem.f, problem.plan.fn, problem.combine
+    f, fn, combine = problem.f, problem.plan.fn, problem.with_args
 
     def directional(g, y, ad, s_y):
         """``g(y, ad)`` and its derivative along each direction ``(s_y[i], dargs[i])``."""
@@ -206,7 +209,9 @@ def _augmented_solve(problem: Problem, y0, args_diff, dy0, dargs):
         y0=(y0, dy0),
         args=args_diff,
         args_diff=args_diff,
-        combine=lambda a: a,
+        combine=lambda a, static: a,
+        args_static=[],
+        save_fn=None,
         control=_SensitivityNorm(problem.control, tree_size(y0)),
         plan=dataclasses.replace(problem.plan, fn=fn_aug, fn_reads_args=True, fn_is_state=False),
     )
