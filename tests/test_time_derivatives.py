@@ -210,3 +210,18 @@ def test_grad_of_jit_with_events_and_traced_span():
     np.testing.assert_allclose(jax.grad(jax.jit(loss))(2.0, 5.0), -np.log(10.0) / 4.0, rtol=1e-8)
     with pytest.raises(ValueError, match="from outside the jax"):
         jax.grad(jax.jit(loss), argnums=1)(2.0, 5.0)
+
+
+@pytest.mark.parametrize("adjoint", [og.Discrete(), og.Interpolating()], ids=repr)
+def test_grad_of_jit_with_traced_tolerance(adjoint):
+    """A tolerance passed into the jitted loss (og.Adaptive(rtol=rtol)): the controller the
+    adjoints' rules use is rebuilt from their arguments (it was a leaked tracer)."""
+
+    def loss(k, rtol):
+        step = og.Adaptive(rtol=rtol, atol=1e-10)
+        sol = og.solve(lambda t, y, a: -a * y, jnp.ones(2), (0.0, 1.0), k, step=step,
+                       adjoint=adjoint)  # fmt: skip
+        return jnp.sum(sol.ys)
+
+    got = jax.grad(jax.jit(loss))(0.7, 1e-10)
+    np.testing.assert_allclose(got, -2 * np.exp(-0.7), rtol=1e-8)

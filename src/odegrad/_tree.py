@@ -213,10 +213,10 @@ def hoist_closure(fun, *example_args):
 
 
 def lift_tracers(obj):
-    """``(tracers, rebuild)``: the JAX tracers inside ``obj`` (in tuples, lists, dicts and the
-    fields of dataclasses such as ``og.Fixed(dt)``), and ``rebuild(values)``, ``obj`` with
-    ``values`` in their place: how a custom derivative rule takes them as arguments rather
-    than closing over another trace's values."""
+    """``(tracers, rebuild)``: the JAX tracers inside ``obj`` (in tuples, named tuples, lists,
+    dicts and the fields of dataclasses such as ``og.Fixed(dt)``), and ``rebuild(values)``,
+    ``obj`` with ``values`` in their place: how a custom derivative rule takes them as
+    arguments rather than closing over another trace's values."""
     found = []
 
     def visit(x):
@@ -232,7 +232,7 @@ def lift_tracers(obj):
             return lambda values: dataclasses.replace(
                 x, **{name: p(values) for name, p in parts.items()}
             )
-        if type(x) in (tuple, list, dict):
+        if isinstance(x, tuple | list | dict):
             items = list(x.items()) if isinstance(x, dict) else list(enumerate(x))
             parts = {key: visit(v) for key, v in items}
             parts = {key: p for key, p in parts.items() if p is not None}
@@ -240,8 +240,10 @@ def lift_tracers(obj):
                 return None
 
             def rebuilt(values):
-                new = [(k, parts[k](values) if k in parts else v) for k, v in items]
-                return dict(new) if isinstance(x, dict) else type(x)(v for _, v in new)
+                new = [parts[k](values) if k in parts else v for k, v in items]
+                if isinstance(x, dict):
+                    return type(x)(zip(x.keys(), new, strict=True))
+                return type(x)(*new) if hasattr(x, "_fields") else type(x)(new)
 
             return rebuilt
         return None

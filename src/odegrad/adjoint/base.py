@@ -19,7 +19,7 @@ from .._loop import LoopOutput, scan_loop, while_loop
 from .._recorders import Recorder
 from .._saving import SavePlan
 from .._tracers import forward_mode
-from .._tree import tree_size
+from .._tree import lift_tracers, tree_size
 from .._tuning import tuning
 
 PyTree = Any
@@ -73,8 +73,8 @@ class Problem:
 
     def traced_constants(self) -> tuple[list, Any]:
         """``(consts, with_consts)``: the problem's traced values other than ``y0`` and
-        ``args_diff`` (times, the step grid, ``args_static``), and ``with_consts(values)``, this
-        problem with ``values`` in their place.
+        ``args_diff`` (times, the step grid, ``args_static``, tolerances), and
+        ``with_consts(values)``, this problem with ``values`` in their place.
 
         The adjoints' custom VJPs take them as arguments (:func:`custom_vjp_solve`): closed
         over, they would be one trace's tracers used in another, as when ``jax.grad`` of a
@@ -82,28 +82,24 @@ class Problem:
         handler"). Concrete values stay in place."""
         fields = (
             self.direction, self.tau0, self.tau1, self.grid, self.control, self.plan.ts,
-            self.args_static,
+            self.args_static, self.solver,
         )  # fmt: skip
-        leaves, treedef = jax.tree.flatten(fields)
-        where = [i for i, x in enumerate(leaves) if isinstance(x, jax.core.Tracer)]
-        if not where:
+        consts, rebuild = lift_tracers(fields)
+        if not consts:
             return [], lambda values: self
 
         def with_consts(values):
-            new = list(leaves)
-            for i, v in zip(where, values, strict=True):
-                new[i] = v
-            s, tau0, tau1, grid, control, ts, static = jax.tree.unflatten(treedef, new)
+            s, tau0, tau1, grid, control, ts, static, solver = rebuild(values)
             plan = dataclasses.replace(self.plan, ts=ts)
             if self.save_fn is not None:
                 save_fn = self.save_fn
                 plan = dataclasses.replace(plan, fn=lambda tau, y, a: save_fn(s * tau, y, a))
             return dataclasses.replace(
                 self, direction=s, tau0=tau0, tau1=tau1, grid=grid, control=control,
-                plan=plan, args_static=static,
+                plan=plan, args_static=static, solver=solver,
             )  # fmt: skip
 
-        return [leaves[i] for i in where], with_consts
+        return consts, with_consts
 
     @functools.cached_property
     def kinks(self) -> tuple[Kink, ...]:
@@ -306,9 +302,10 @@ def custom_vjp_solve(
     def solve_fwd(y0, args_diff, consts):
         if any(p.perturbed for p in jax.tree.leaves(consts, is_leaf=_is_primal)):
             raise ValueError(
-                "og.solve: jax.grad reaches t_span, SaveAt(ts) or a step grid from outside the "
-                "jax.jit that traced this solve, whose times have no derivative here (events, "
-                "StepTo or SaveAt(fn/steps/dense)). Wrap the times in jax.lax.stop_gradient, or "
+                "og.solve: jax.grad reaches t_span, SaveAt(ts), a step grid or a tolerance from "
+                "outside the jax.jit that traced this solve, which holds them constant (times "
+                "have derivatives, but not with events, StepTo or SaveAt(fn/steps/dense); "
+                "tolerances have none). Wrap them in jax.lax.stop_gradient, or "
                 "differentiate with respect to a span T by solving on s in [0, 1] with "
                 "f_s(s, y, (T, args)) = T * f(t0 + s T, y, args)."
             )
