@@ -225,3 +225,15 @@ def test_grad_of_jit_with_traced_tolerance(adjoint):
 
     got = jax.grad(jax.jit(loss))(0.7, 1e-10)
     np.testing.assert_allclose(got, -2 * np.exp(-0.7), rtol=1e-8)
+
+
+def test_t_span_as_an_array():
+    """t_span as an array [t0, t1] (scipy's solve_ivp takes one): eager, under jit, and
+    differentiated, d/dt0 and d/dt1 of y(t1) = exp(-(t1 - t0)) against the closed form."""
+    f = lambda t, y, k: -k * y
+    y_end = lambda span: og.solve(f, jnp.ones(1), span, 1.0, step=TIGHT).ys[-1, 0]
+    e = np.exp(-1.0)
+    for span in (np.array([0.0, 1.0]), jnp.array([0.0, 1.0])):
+        np.testing.assert_allclose(y_end(span), e, rtol=1e-9)
+    np.testing.assert_allclose(jax.jit(y_end)(jnp.array([0.0, 1.0])), e, rtol=1e-9)
+    np.testing.assert_allclose(jax.grad(y_end)(jnp.array([0.0, 1.0])), [e, -e], rtol=1e-8)

@@ -64,10 +64,10 @@ def solve(
         y0: the initial state, any pytree of floating arrays (scalars and vectors may mix), of
             one dtype: real, or complex (a Schrödinger equation) with an explicit or
             partitioned solver and the ``og.Discrete`` adjoint (``og.Auto()`` picks it).
-        t_span: ``(t0, t1)``; ``t1 < t0`` integrates backwards. ``jax.grad``, ``jax.jvp`` and
-            ``jax.jacfwd`` reach ``t0``, ``t1`` and ``SaveAt(ts)`` too (the ODE's derivatives,
-            ``d y(s) / d s = f(s, y(s))``, for the states saved at ``t0``, ``ts`` and ``t1``;
-            see the docs' adjoints page).
+        t_span: ``(t0, t1)`` (or an array of the two); ``t1 < t0`` integrates backwards.
+            ``jax.grad``, ``jax.jvp`` and ``jax.jacfwd`` reach ``t0``, ``t1`` and
+            ``SaveAt(ts)`` too (the ODE's derivatives, ``d y(s) / d s = f(s, y(s))``, for the
+            states saved at ``t0``, ``ts`` and ``t1``; see the docs' adjoints page).
         args: any pytree passed to ``f``; gradients flow to its floating arrays and to arrays
             that ``f`` closes over.
         solver: default ``og.Tsit5()``.
@@ -101,6 +101,8 @@ def solve(
     """
     options = dict(solver=solver, step=step, saveat=saveat, adjoint=adjoint, max_steps=max_steps)
     options.update(throw=throw, events=events, max_events=max_events)
+    if isinstance(t_span, jax.Array | np.ndarray) and jnp.shape(t_span) == (2,):
+        t_span = (t_span[0], t_span[1])  # an array [t0, t1], as scipy's solve_ivp takes
     if differentiated((t_span, getattr(saveat, "ts", None))) or may_differentiate_times(
         t_span, saveat, options
     ):
