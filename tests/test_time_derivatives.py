@@ -237,3 +237,28 @@ def test_t_span_as_an_array():
         np.testing.assert_allclose(y_end(span), e, rtol=1e-9)
     np.testing.assert_allclose(jax.jit(y_end)(jnp.array([0.0, 1.0])), e, rtol=1e-9)
     np.testing.assert_allclose(jax.grad(y_end)(jnp.array([0.0, 1.0])), [e, -e], rtol=1e-8)
+
+
+def test_constants_refuse_derivatives_and_static_grids_keep_forward_mode():
+    """A tolerance has no derivative: differentiating it raises whether the times are traced
+    or not (with a traced span it was a silent zero), and a solve on an og.Fixed grid with
+    save times made inside a jit keeps its plain scan, so jax.jvp outside the jit works."""
+    f = lambda t, y, k: -k * y
+
+    def by_rtol(k, rtol, T):
+        step = og.Adaptive(rtol=rtol, atol=1e-10)
+        return og.solve(f, jnp.ones(1), (0.0, T), k, step=step).ys[-1, 0]
+
+    with pytest.raises(ValueError, match="holds constant: a tolerance"):
+        jax.grad(jax.jit(by_rtol), argnums=1)(0.7, 1e-9, 0.6)
+    with pytest.raises(ValueError, match="holds constant: a tolerance"):
+        jax.grad(by_rtol, argnums=(1, 2))(0.7, 1e-9, 0.6)
+
+    def saved(k):
+        ts = jnp.linspace(0.0, 0.6, 4)[1:]
+        sol = og.solve(f, jnp.ones(1), (0.0, 0.6), k, step=og.Fixed(0.01),
+                       saveat=og.SaveAt(ts=ts), adjoint=og.Discrete("all"))  # fmt: skip
+        return sol.ys[-1, 0]
+
+    tangent = jax.jvp(jax.jit(saved), (0.7,), (1.0,))[1]
+    np.testing.assert_allclose(tangent, -0.6 * np.exp(-0.42), rtol=1e-8)

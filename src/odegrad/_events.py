@@ -212,6 +212,26 @@ def _illinois(g, g0, g1, active):
     return hi
 
 
+SECOND_DERIVATIVES_THROUGH_EVENTS = (
+    "og.solve: second derivatives (jax.hessian, jax.jacfwd or jax.jvp of jax.grad, jax.jacfwd "
+    "of jax.jacfwd) through a solve with events are not supported: the event time has a "
+    "first-order derivative rule only. Use finite differences of the gradient."
+)
+
+
+@jax.custom_jvp
+def _first_order_only(x):
+    """The identity, refusing to be differentiated: applied to the primals a first-order
+    derivative rule reads, it makes a second derivative of that rule raise wherever it is
+    taken (``og.solve`` refuses one it can see; ``jax.hessian(jax.jit(loss))`` it cannot)."""
+    return x
+
+
+@_first_order_only.defjvp
+def _first_order_only_jvp(primals, tangents):
+    raise NotImplementedError(SECOND_DERIVATIVES_THROUGH_EVENTS)
+
+
 def _jump(events: EventSet, i: int, t, z, args):
     """``(t, z, y+)`` with the derivative of the module docstring (``t`` is held fixed)."""
     update = events.updates[i]
@@ -223,7 +243,12 @@ def _jump(events: EventSet, i: int, t, z, args):
 
     @jump.defjvp
     def jump_jvp(primals, tangents):
-        t, z, args = primals
+        t, z, args = jax.tree.map(
+            lambda x: (
+                _first_order_only(x) if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x
+            ),
+            primals,
+        )
         _, dz, dargs = tangents
         cond = lambda y, a: jnp.asarray(events.conds[i](t, y, a)).reshape(())
         f_minus = events.f(t, z, args)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ._batching import vmap_batch_size
 from ._eager import cached_solve, is_eager
-from ._events import Event, EventSet
+from ._events import SECOND_DERIVATIVES_THROUGH_EVENTS, Event, EventSet
 from ._events import check_shapes as check_event_shapes
 from ._events import prepare as prepare_events
 from ._initial import (
@@ -186,11 +186,7 @@ def _build_problem(
     if events and derivative_levels((y0, args, t_span)) > 1:
         # the event time's derivative is a first-order rule; its derivative, taken inside the
         # adjoints' control flow, would silently miss the second-order terms
-        raise NotImplementedError(
-            "og.solve: second derivatives (jax.hessian, jax.jacfwd or jax.jvp of jax.grad, "
-            "jax.jacfwd of jax.jacfwd) through a solve with events are not supported: the event "
-            "time has a first-order derivative rule only. Use finite differences of the gradient."
-        )
+        raise NotImplementedError(SECOND_DERIVATIVES_THROUGH_EVENTS)
 
     y0 = _as_state(y0)
     if jnp.iscomplexobj(jax.tree.leaves(y0)[0]):

@@ -25,9 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._saveat import SaveAt
-from ._step import StepTo
+from ._step import Fixed, StepTo
 from ._tracers import differentiated, forward_mode
 from ._tree import hoist_closure, lift_tracers, split_arrays
+from .adjoint.base import instantiate_zeros, primal_values, refuse_perturbed
 
 
 def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
@@ -82,6 +83,8 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
         return outputs(times, y0, arrays, opts)
 
     def run_fwd(times, y0, arrays, opts):
+        refuse_perturbed(opts)  # a tolerance or og.Fixed(dt) being differentiated
+        times, y0, arrays, opts = primal_values((times, y0, arrays, opts))
         (ts, ys), pullback, aux = jax.vjp(
             lambda y, a: outputs(times, y, a, opts), y0, arrays, has_aux=True
         )
@@ -89,7 +92,7 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
 
     def run_bwd(res, ct):
         pullback, times, y0, arrays, ts, ys = res
-        (ct_ts, ct_ys), _ = ct
+        ct_ts, ct_ys = instantiate_zeros(ct[0])
         ct_y0, ct_arrays = pullback((jnp.zeros_like(ts), ct_ys))
         # each saved row's time: its own cotangent, and the state's motion <ct, f(t, y)>
         moved = lambda t, y, c: _dot(c, rhs(t, y, arrays))
@@ -104,7 +107,7 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
         cts = (_like(ct_t0, t0), _like(ct_t1, t1), _like(per_row[:n_ts], save_ts))
         return cts, ct_y0, ct_arrays, None  # the options: held constant
 
-    run.defvjp(run_fwd, run_bwd)
+    run.defvjp(run_fwd, run_bwd, symbolic_zeros=True)
 
     # forward mode (jax.jvp, jacfwd), which a custom VJP refuses: the same derivatives pushed
     # forward, y0's tangent less f(t0, y0) dt0 through the solve
@@ -199,7 +202,16 @@ def may_differentiate_times(t_span, saveat, options: dict) -> bool:
     saveat = saveat or SaveAt(t1=True)
     times = [t for t in (*t_span, saveat.ts) if t is not None]
     traced = any(isinstance(t, jax.core.Tracer) for t in jax.tree.leaves(times))
-    return traced and not _unsupported(saveat, options)
+    if not traced or _unsupported(saveat, options):
+        return False
+    # A concrete span on an og.Fixed grid may run as a plain scan (Discrete("all"), which
+    # og.Auto() picks there), whose derivatives JAX takes itself in both modes: this custom
+    # VJP would refuse a jax.jvp outside the jit (the save times' derivative is then the
+    # interpolant's, the discretised solve's).
+    step, adjoint = options.get("step"), options.get("adjoint")
+    static = isinstance(step, Fixed) and not isinstance(step.dt, jax.core.Tracer)
+    static = static and not any(isinstance(t, jax.core.Tracer) for t in t_span)
+    return not (static and (adjoint is None or type(adjoint).__name__ in ("Auto", "Discrete")))
 
 
 def _check_supported(saveat, options: dict) -> None:

@@ -300,15 +300,7 @@ def custom_vjp_solve(
         return primal(y0, args_diff, consts)
 
     def solve_fwd(y0, args_diff, consts):
-        if any(p.perturbed for p in jax.tree.leaves(consts, is_leaf=_is_primal)):
-            raise ValueError(
-                "og.solve: jax.grad reaches t_span, SaveAt(ts), a step grid or a tolerance from "
-                "outside the jax.jit that traced this solve, which holds them constant (times "
-                "have derivatives, but not with events, StepTo or SaveAt(fn/steps/dense); "
-                "tolerances have none). Wrap them in jax.lax.stop_gradient, or "
-                "differentiate with respect to a span T by solving on s in [0, 1] with "
-                "f_s(s, y, (T, args)) = T * f(t0 + s T, y, args)."
-            )
+        refuse_perturbed(consts)
         consts = primal_values(consts)
         if not symbolic_zeros:
             y0, args_diff = primal_values((y0, args_diff))
@@ -336,6 +328,22 @@ def custom_vjp_solve(
 
 def _is_primal(p) -> bool:
     return isinstance(p, CustomVJPPrimal)
+
+
+def refuse_perturbed(consts) -> None:
+    """Raise where a derivative reaches values a custom VJP holds constant (``consts``, its
+    ``CustomVJPPrimal`` inputs under ``symbolic_zeros=True``): their cotangent would be a
+    silent zero. Times traced under ``jax.jit`` get here when a ``jax.grad`` outside it
+    differentiates them where they have no derivative."""
+    if any(p.perturbed for p in jax.tree.leaves(consts, is_leaf=_is_primal)):
+        raise ValueError(
+            "og.solve: a derivative reaches a value the solve holds constant: a tolerance, "
+            "og.Fixed(dt), a step grid, or t_span/SaveAt(ts) with events, StepTo or "
+            "SaveAt(fn/steps/dense) (times have derivatives otherwise, but SaveAt(ts) made "
+            "inside a jax.jit on a fixed grid only with jax.jit outside the jax.grad). Wrap it in "
+            "jax.lax.stop_gradient; for a span T, solve on s in [0, 1] with "
+            "f_s(s, y, (T, args)) = T * f(t0 + s T, y, args)."
+        )
 
 
 class AbstractAdjoint(abc.ABC):
