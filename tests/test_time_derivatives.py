@@ -208,7 +208,7 @@ def test_grad_of_jit_with_events_and_traced_span():
         return sol.ts[-1]  # the event's time, log(10) / k
 
     np.testing.assert_allclose(jax.grad(jax.jit(loss))(2.0, 5.0), -np.log(10.0) / 4.0, rtol=1e-8)
-    with pytest.raises(ValueError, match="from outside the jax"):
+    with pytest.raises(ValueError, match="holds constant"):
         jax.grad(jax.jit(loss), argnums=1)(2.0, 5.0)
 
 
