@@ -167,8 +167,9 @@ def test_forward_mode_under_jit_and_grad_of_jit():
 
 @pytest.mark.parametrize(
     "adjoint",
-    [og.Auto(), og.Discrete(), og.Discrete("all"), og.Interpolating(), og.Forward(),
-     pytest.param(og.Backsolve(), marks=SLOW), pytest.param(og.Quadrature(), marks=SLOW)],
+    [og.Auto(), og.Discrete(), pytest.param(og.Discrete("all"), marks=SLOW), og.Interpolating(),
+     pytest.param(og.Forward(), marks=SLOW), pytest.param(og.Backsolve(), marks=SLOW),
+     pytest.param(og.Quadrature(), marks=SLOW)],
     ids=lambda a: repr(a),
 )  # fmt: skip
 def test_grad_of_jit_with_times_computed_inside(adjoint):
@@ -212,7 +213,9 @@ def test_grad_of_jit_with_events_and_traced_span():
         jax.grad(jax.jit(loss), argnums=1)(2.0, 5.0)
 
 
-@pytest.mark.parametrize("adjoint", [og.Discrete(), og.Interpolating()], ids=repr)
+@pytest.mark.parametrize(
+    "adjoint", [og.Discrete(), pytest.param(og.Interpolating(), marks=SLOW)], ids=repr
+)
 def test_grad_of_jit_with_traced_tolerance(adjoint):
     """A tolerance passed into the jitted loss (og.Adaptive(rtol=rtol)): the controller the
     adjoints' rules use is rebuilt from their arguments (it was a leaked tracer)."""
