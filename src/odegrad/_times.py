@@ -28,6 +28,7 @@ from ._saveat import SaveAt
 from ._step import Fixed, StepTo
 from ._tracers import differentiated, forward_mode
 from ._tree import hoist_closure, lift_tracers, split_arrays
+from .adjoint import Auto, Discrete
 from .adjoint.base import instantiate_zeros, primal_values, refuse_perturbed
 
 
@@ -211,7 +212,7 @@ def may_differentiate_times(t_span, saveat, options: dict) -> bool:
     step, adjoint = options.get("step"), options.get("adjoint")
     static = isinstance(step, Fixed) and not isinstance(step.dt, jax.core.Tracer)
     static = static and not any(isinstance(t, jax.core.Tracer) for t in t_span)
-    return not (static and (adjoint is None or type(adjoint).__name__ in ("Auto", "Discrete")))
+    return not (static and (adjoint is None or isinstance(adjoint, Auto | Discrete)))
 
 
 def _check_supported(saveat, options: dict) -> None:
