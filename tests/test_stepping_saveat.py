@@ -344,6 +344,65 @@ def test_blowup_fixed_nonfinite():
         og.solve(blowup, jnp.asarray(1.0), (0.0, 2.0), step=og.Fixed(0.1))
 
 
+@pytest.mark.parametrize("saveat", ["steps", "ts", "t1"])
+def test_blowup_fixed_traced_span_located_as_static(saveat):
+    """A grid whose step count is known only at run time (a traced span) runs on through a
+    non-finite value as the static grid's scan does, and the error locates it the same way."""
+    saveat = {
+        "steps": og.SaveAt(steps=True),
+        "ts": og.SaveAt(ts=jnp.linspace(0.0, 2.0, 9)),
+        "t1": og.SaveAt(t1=True),
+    }[saveat]
+
+    def message(traced):
+        run = jax.jit(
+            lambda y, t1: (
+                og.solve(
+                    blowup, y, (0.0, t1 if traced else 2.0), step=og.Fixed(0.1), saveat=saveat
+                ).ys
+            )
+        )
+        with pytest.raises(Exception, match=r"failed at t=.*non-finite") as info:
+            jax.block_until_ready(run(jnp.asarray(1.0), 2.0))
+        return FAIL_TIME.search(str(info.value)).group(0), re.search(
+            r"\(step \d+\)", str(info.value)
+        )
+
+    (static_t, static_step), (traced_t, traced_step) = message(False), message(True)
+    assert traced_t == static_t and traced_step.group(0) == static_step.group(0)
+    if saveat.steps:
+        # located at the step whose saved state first overflowed (y = 1 / (1 - t)), not the end
+        assert 1.0 < float(traced_t.split("=")[1]) < 1.5
+
+
+def test_blowup_fixed_traced_span_under_vmap():
+    """Members with their own step counts: the one that blows up fails alone, the others
+    equal their own solves."""
+    t1s = jnp.array([0.5, 2.0, 0.9])
+
+    def run(t1):
+        sol = og.solve(blowup, jnp.asarray(1.0), (0.0, t1), step=og.Fixed(0.1), throw=False)
+        return sol.ys[-1], sol.result, sol.stats["steps"]
+
+    ys, results, steps = jax.jit(jax.vmap(run))(t1s)
+    assert results.tolist() == [og.Result.success, og.Result.nonfinite, og.Result.success]
+    assert steps.tolist() == [5, 20, 9]
+    for k in (0, 2):
+        alone = og.solve(blowup, jnp.asarray(1.0), (0.0, float(t1s[k])), step=og.Fixed(0.1))
+        np.testing.assert_allclose(float(ys[k]), float(alone.ys[-1]), rtol=1e-13)
+    assert abs(float(ys[0]) - 2.0) < 0.05  # y(0.5) = 2, first order accurate in 0.1 steps
+    with pytest.raises(
+        Exception,
+        match=r"failed at t=2 \(step 20, batch member 1 of a batch of \(3,\)\): the state became "
+        "non-finite",
+    ):
+        jax.block_until_ready(
+            jax.jit(jax.vmap(lambda t1: og.solve(blowup, 1.0, (0.0, t1), step=og.Fixed(0.1)).ys))(
+                t1s
+            )
+        )
+
+
 def test_result_codes():
     assert [r.name for r in og.Result] == [
         "success",

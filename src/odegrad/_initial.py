@@ -30,9 +30,9 @@ _FIX_Y0 = "check the inputs (y0 must be finite)"
 
 
 def _failed_at_start(problem, out):
-    """Members that failed before their first accepted step (a scan never stops: any of its
-    ``nonfinite`` results)."""
-    if problem.grid is not None:
+    """Members that failed before their first accepted step (a scan, or a while loop that does
+    not test each step, never stops: any of its ``nonfinite`` results)."""
+    if problem.runs_on:
         return out.result == Result.nonfinite
     return (out.result != Result.success) & (out.stats["accepted"] == 0)
 

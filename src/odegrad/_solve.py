@@ -156,7 +156,7 @@ def _solve(
     ts, ys = assemble(saveat, problem.plan, s, t0, problem.tau0, y0, args_ext, out)
     # A while loop that failed at t0 never moved: its final state is y0, and reading it rather
     # than y0 keeps y0's buffer free for the loop to update in place.
-    y_start = y0 if problem.grid is not None else out.y1
+    y_start = y0 if problem.runs_on else out.y1
     if throw:
 
         def locate():

@@ -76,7 +76,7 @@ def tree_all_finite(x: PyTree):
     """One scalar: are all entries finite? ``sum(x * 0)`` is 0, or nan where any entry is inf or
     nan: one fused pass that, unlike a plain sum, cannot overflow on large finite values."""
     leaves = jax.tree.leaves(x)
-    total = sum(jnp.sum(leaf * 0) for leaf in leaves)
+    total = sum(entry_sum(leaf * 0) for leaf in leaves)
     return jnp.isfinite(total)
 
 

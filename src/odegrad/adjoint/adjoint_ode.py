@@ -39,7 +39,7 @@ import numpy as np
 from jax import lax
 
 from .._batching import any_member, max_member, member_cond
-from .._loop import LoopOutput, RuntimeGrid, while_loop
+from .._loop import LoopOutput, RuntimeGrid, locate_failure, while_loop
 from .._recorders import Accumulate
 from .._saving import SavePlan
 from .._solution import Result, host_check
@@ -390,7 +390,8 @@ class _Continuous(AbstractAdjoint):
                 # the gradient is nan then, and an error with throw (see _backward)
                 first = (c["failed"] == 0) & (out.result != 0)
                 c["failed"] = jnp.where(first, out.result, c["failed"])
-                c["failed_p"] = jnp.where(first, -out.fail_t, c["failed_p"])
+                fail_t = locate_failure(out, None, None)[0]
+                c["failed_p"] = jnp.where(first, -fail_t, c["failed_p"])
             else:  # fixed grids: one backward step per forward step
                 # (c["st"] is None here: a fresh state each step, see carry["st"])
                 st, _ = solver_b.init_from(rhs, hi, z, args_diff, c["st"])

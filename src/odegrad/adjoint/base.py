@@ -68,6 +68,14 @@ class Problem:
     def static_steps(self) -> int | None:
         return None if self.grid is None else self.grid.shape[0] - 1
 
+    @property
+    def runs_on(self) -> bool:
+        """Whether the forward loop runs on to the end past a non-finite value (a static grid's
+        scan, or a while loop that does not test each step: ``_loop.checks_each_step``)."""
+        from .._loop import checks_each_step
+
+        return self.grid is not None or not checks_each_step(self.control, self.events)
+
     def with_args(self, args_diff) -> PyTree:
         return self.combine(args_diff, self.args_static)
 
