@@ -198,6 +198,29 @@ def test_grad_of_jit_with_times_computed_inside(adjoint):
     np.testing.assert_allclose(got_k, exact_k, rtol=1e-8)
 
 
+@pytest.mark.parametrize("solver", [og.SemiImplicitEuler(), og.Leapfrog()], ids=repr)
+def test_partitioned_grad_of_jit_with_traced_span(solver):
+    """A partitioned f (each half closing over a jit argument) with t1 traced, on fixed steps:
+    both orders of jit and grad agree, and match the oscillator's closed form to the method's
+    order. u' = v, v' = -k u, u(0) = 1, v(0) = 0: u(T) = cos(w T), w = sqrt(k)."""
+
+    def loss(k, T):
+        f = (lambda t, v, a: v, lambda t, u, a: -k * u)
+        sol = og.solve(f, (jnp.asarray(1.0), jnp.asarray(0.0)), (0.0, T), solver=solver,
+                       step=og.Fixed(1e-3))  # fmt: skip
+        return sol.ys[0][-1]
+
+    k, T = 2.0, 1.3
+    w = np.sqrt(k)
+    exact = (-np.sin(w * T) * T / (2 * w), -w * np.sin(w * T))
+    outside = jax.grad(jax.jit(loss), argnums=(0, 1))(k, T)
+    inside = jax.jit(jax.grad(loss, argnums=(0, 1)))(k, T)
+    np.testing.assert_allclose(outside, inside, rtol=1e-12)
+    # first order (SemiImplicitEuler, dt = 1e-3) or second (Leapfrog)
+    tol = 1e-3 if isinstance(solver, og.SemiImplicitEuler) else 2e-6
+    np.testing.assert_allclose(outside, exact, rtol=tol)
+
+
 def test_grad_of_jit_with_events_and_traced_span():
     """Events hold the times constant: under jax.grad(jax.jit(loss)) with a traced t1 the
     parameters' gradient is right, and a derivative reaching t1 raises (it would be zero)."""

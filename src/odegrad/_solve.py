@@ -30,7 +30,7 @@ from ._solution import Result, Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
 from ._times import may_differentiate_times, solve_with_time_derivatives
 from ._tracers import derivative_levels, differentiated
-from ._tree import hoist_closure, partition_args, split_arrays
+from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
 from .solvers.base import AbstractSolver
@@ -532,9 +532,9 @@ def _with_user_args(f, user_args, partitioned=False):
 
 def _closure_convert_rhs(f, solver, t0, y0, args):
     """``f`` with closed-over arrays hoisted into an explicit tuple of constants."""
+    conv, consts = hoist_rhs(f, solver.partitioned, t0, y0, args)
     if solver.partitioned:
-        fu, cu = hoist_closure(f[0], t0, y0[1], args)
-        fv, cv = hoist_closure(f[1], t0, y0[0], args)
+        (fu, fv), (cu, cv) = conv, consts
         nu = len(cu)
 
         def f_u(t, v, a):
@@ -544,8 +544,7 @@ def _closure_convert_rhs(f, solver, t0, y0, args):
             return fv(t, u, a[0], *a[1][nu:])
 
         return (f_u, f_v), (*cu, *cv)
-    fc, consts = hoist_closure(f, t0, y0, args)
-    return (lambda t, y, a: fc(t, y, a[0], *a[1])), tuple(consts)
+    return (lambda t, y, a: conv(t, y, a[0], *a[1])), tuple(consts)
 
 
 def _closure_convert_events(events, user_args, t0, y0, arrays):

@@ -27,7 +27,7 @@ import numpy as np
 from ._saveat import SaveAt
 from ._step import Fixed, StepTo
 from ._tracers import differentiated, forward_mode
-from ._tree import hoist_closure, lift_tracers, split_arrays
+from ._tree import hoist_rhs, lift_tracers, split_arrays
 from .adjoint import Auto, Discrete
 from .adjoint.base import instantiate_zeros, primal_values, refuse_perturbed
 
@@ -155,17 +155,12 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
 def _explicit_rhs(f, partitioned: bool, t_span, y0, arrays, rebuild):
     """``(conv, consts)``: ``f`` (each of a pair) as ``conv(t, y, arrays, *consts)`` on the
     array leaves of ``args``, every traced value it closes over in ``consts``
-    (:func:`~odegrad._tree.hoist_closure`)."""
+    (:func:`~odegrad._tree.hoist_rhs`)."""
     real = jnp.finfo(jnp.result_type(*jax.tree.leaves(y0))).dtype
     t = jax.ShapeDtypeStruct((), jnp.result_type(real, *[jnp.result_type(x) for x in t_span]))
     on_arrays = lambda g: lambda t, y, a: g(t, y, rebuild(a))
-    if partitioned:
-        (cu, ku), (cv, kv) = (
-            hoist_closure(on_arrays(g), t, y, arrays)
-            for g, y in zip(f, (y0[1], y0[0]), strict=True)
-        )
-        return (cu, cv), (ku, kv)
-    return hoist_closure(on_arrays(f), t, y0, arrays)
+    g = tuple(on_arrays(h) for h in f) if partitioned else on_arrays(f)
+    return hoist_rhs(g, partitioned, t, y0, arrays)
 
 
 def _like(c, t):

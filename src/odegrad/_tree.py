@@ -212,6 +212,18 @@ def hoist_closure(fun, *example_args):
     return converted, [consts[i] for i in where]
 
 
+def hoist_rhs(f, partitioned: bool, t, y0, args):
+    """:func:`hoist_closure` of a right-hand side ``f(t, y, args)``: ``(conv, consts)``; of a
+    partitioned pair (``f_u(t, v, args)``, ``f_v(t, u, args)`` for ``y0 = (u0, v0)``), each
+    half on its own: ``((conv_u, conv_v), (consts_u, consts_v))``."""
+    if partitioned:
+        (cu, ku), (cv, kv) = (
+            hoist_closure(g, t, y, args) for g, y in zip(f, (y0[1], y0[0]), strict=True)
+        )
+        return (cu, cv), (ku, kv)
+    return hoist_closure(f, t, y0, args)
+
+
 def lift_tracers(obj):
     """``(tracers, rebuild)``: the JAX tracers inside ``obj`` (in tuples, named tuples, lists,
     dicts and the fields of dataclasses such as ``og.Fixed(dt)``), and ``rebuild(values)``,
