@@ -288,3 +288,27 @@ def test_constants_refuse_derivatives_and_static_grids_keep_forward_mode():
 
     tangent = jax.jvp(jax.jit(saved), (0.7,), (1.0,))[1]
     np.testing.assert_allclose(tangent, -0.6 * np.exp(-0.42), rtol=1e-8)
+
+
+@pytest.mark.parametrize("adjoint", [og.Auto(), og.Discrete("all"), og.Discrete(2)], ids=repr)
+def test_step_grid_made_inside_jit_is_held_constant(adjoint):
+    """og.StepTo(ts) with ts made inside the jitted loss from T: the grid is held constant by
+    every adjoint, so a jax.grad outside the jit that reaches it raises. Auto and
+    Discrete("all") run a plain scan, which JAX itself differentiated (the discretisation's
+    dependence on its steps) where the other adjoints raised. The parameter's gradient stands,
+    against central differences, and so does jax.jvp outside the jit."""
+    f = lambda t, y, k: -k * y + jnp.sin(t)
+
+    def loss(k, T):
+        ts = jnp.linspace(0.0, T, 41)
+        sol = og.solve(f, jnp.ones(2), (0.0, T), k, solver=og.RK4(), step=og.StepTo(ts),
+                       saveat=og.SaveAt(ts=ts[::4]), adjoint=adjoint)  # fmt: skip
+        return jnp.sum(sol.ys)
+
+    with pytest.raises(ValueError, match="holds constant: a tolerance, og.Fixed"):
+        jax.grad(jax.jit(loss), argnums=1)(0.7, 2.0)
+    expected = central_differences(loss, (0.7, 2.0), 0, eps=1e-6)
+    np.testing.assert_allclose(jax.grad(jax.jit(loss))(0.7, 2.0), expected, rtol=1e-8)
+    if not isinstance(adjoint, og.Discrete) or adjoint.checkpoints == "all":
+        tangent = jax.jvp(jax.jit(lambda k: loss(k, 2.0)), (0.7,), (1.0,))[1]
+        np.testing.assert_allclose(tangent, expected, rtol=1e-8)

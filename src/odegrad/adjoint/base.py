@@ -131,7 +131,8 @@ class Problem:
                 self.solver,
                 self.f,
                 args,
-                self.grid,
+                # (a concrete grid stays one: the saves' slots are counted from it in numpy)
+                held_constant(self.grid) if isinstance(self.grid, jax.core.Tracer) else self.grid,
                 y0,
                 plan=self.plan,
                 s=self.direction,
@@ -338,20 +339,38 @@ def _is_primal(p) -> bool:
     return isinstance(p, CustomVJPPrimal)
 
 
+HOLDS_CONSTANT = (
+    "og.solve: a derivative reaches a value the solve holds constant: a tolerance, "
+    "og.Fixed(dt), a step grid, or t_span/SaveAt(ts) with events, StepTo or "
+    "SaveAt(fn/steps/dense) (times have derivatives otherwise, but SaveAt(ts) made "
+    "inside a jax.jit on a fixed grid only with jax.jit outside the jax.grad). Wrap it in "
+    "jax.lax.stop_gradient; for a span T, solve on s in [0, 1] with "
+    "f_s(s, y, (T, args)) = T * f(t0 + s T, y, args)."
+)
+
+
 def refuse_perturbed(consts) -> None:
     """Raise where a derivative reaches values a custom VJP holds constant (``consts``, its
     ``CustomVJPPrimal`` inputs under ``symbolic_zeros=True``): their cotangent would be a
     silent zero. Times traced under ``jax.jit`` get here when a ``jax.grad`` outside it
     differentiates them where they have no derivative."""
     if any(p.perturbed for p in jax.tree.leaves(consts, is_leaf=_is_primal)):
-        raise ValueError(
-            "og.solve: a derivative reaches a value the solve holds constant: a tolerance, "
-            "og.Fixed(dt), a step grid, or t_span/SaveAt(ts) with events, StepTo or "
-            "SaveAt(fn/steps/dense) (times have derivatives otherwise, but SaveAt(ts) made "
-            "inside a jax.jit on a fixed grid only with jax.jit outside the jax.grad). Wrap it in "
-            "jax.lax.stop_gradient; for a span T, solve on s in [0, 1] with "
-            "f_s(s, y, (T, args)) = T * f(t0 + s T, y, args)."
-        )
+        raise ValueError(HOLDS_CONSTANT)
+
+
+@jax.custom_jvp
+def held_constant(x):
+    """The identity, refusing a derivative (in either mode): a static grid's plain scan, which
+    JAX differentiates itself, reads its step grid through this, so that a grid traced under
+    ``jax.jit`` and differentiated by a ``jax.grad`` outside it raises as every custom-VJP
+    adjoint does (og.solve refuses a derivative it can see; one outside a jit it cannot),
+    rather than returning the discretisation's dependence on its steps for some adjoints."""
+    return x
+
+
+@held_constant.defjvp
+def _held_constant_jvp(primals, tangents):
+    raise ValueError(HOLDS_CONSTANT)
 
 
 class AbstractAdjoint(abc.ABC):
