@@ -177,6 +177,33 @@ def test_traced_saveat_ts_checked_when_run(ts):
     np.testing.assert_allclose(good.ys[:, 0], np.exp(-np.array([0.2, 0.7])), rtol=1e-5)
 
 
+@pytest.mark.parametrize("step", [og.Fixed(0.1), og.Adaptive()], ids=["fixed", "adaptive"])
+def test_traced_t_span_not_finite(step):
+    """A traced t1 that is nan took no step and returned y0 as a success; it is
+    Result.invalid_t_span (a concrete one raises at once, test_t_span_not_finite)."""
+
+    def run(t1, throw=True):
+        return og.solve(decay, Y0, (0.0, t1), step=step, throw=throw)
+
+    results = jax.jit(jax.vmap(lambda t1: run(t1, False).result))(jnp.array([1.0, jnp.nan]))
+    assert results.tolist() == [og.Result.success, og.Result.invalid_t_span]
+    with raises(RuntimeError, "t_span holds inf or nan", "as t_span was traced"):
+        jax.block_until_ready(jax.jit(lambda t1: run(t1).ys)(jnp.nan))
+
+
+def test_backsolve_gradient_of_failed_solve_is_nan():
+    """With throw=False, a forward solve that blew up gives a nan gradient through Backsolve;
+    re-integrating from its non-finite end is not reported as a drift (it raised "drifted
+    by inf tolerances")."""
+
+    def loss(a):
+        sol = og.solve(lambda t, y, a: a * y**2, 1.0, (0.0, 2.0), a, step=og.Fixed(0.1),
+                       throw=False, adjoint=og.Backsolve())  # fmt: skip
+        return jnp.sum(jnp.where(jnp.isfinite(sol.ys), sol.ys, 0.0))
+
+    assert np.isnan(float(jax.jit(jax.grad(loss))(1.0)))
+
+
 def test_saveat_ts_unsorted():
     with raises(ValueError, "SaveAt(ts)", "sorted in the direction of integration", "ascending"):
         og.solve(decay, Y0, (0.0, 1.0), saveat=og.SaveAt(ts=jnp.array([0.2, 0.8, 0.5])))

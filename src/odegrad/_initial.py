@@ -169,11 +169,20 @@ def _entry_text(name: str, shape: tuple, entry: int, kind: int) -> str:
     return f"{name} holds {_KINDS.get(kind, 'inf or nan')}{where}"
 
 
-def describe(problem, y0_user: PyTree, args_user: PyTree):
+_RUNS_ON = (
+    "a fixed grid runs on past a non-finite value; SaveAt(steps=True) locates the step where "
+    "it first appeared"
+)
+_FIX_NONFINITE = "check f and the initial state, or take smaller steps"
+
+
+def describe(problem, y0_user: PyTree, args_user: PyTree, saves_fn: bool = False):
     """``describe(code, info)`` for :func:`~odegrad._solution.check_result`: the error's body for
     ``Result.nonfinite_y0`` and ``Result.nonfinite_f0`` from :func:`locate_start`'s ``info``
-    (one member's), or ``None`` for other codes. Names and shapes are fixed here, at trace
-    time."""
+    (one member's), and for ``Result.nonfinite`` where the loop ran on past it (``info``'s
+    ``how``, :func:`~odegrad._loop.locate_failure`); ``None`` for other codes. Names and
+    shapes are fixed here, at trace time. ``saves_fn``: the saves are ``SaveAt(fn)``'s, which
+    may be what is not finite."""
     y_paths = leaf_paths(y0_user)
     y_shapes = [tuple(jnp.shape(x)) for x in jax.tree.leaves(problem.y0)]
     starts = np.cumsum([0] + [int(np.prod(s)) for s in y_shapes])
@@ -199,7 +208,36 @@ def describe(problem, y0_user: PyTree, args_user: PyTree):
         leaf = int(np.searchsorted(starts, flat, side="right")) - 1
         return _entry_text(names[leaf], y_shapes[leaf], int(flat - starts[leaf]), int(kind))
 
+    def ran_on(how):
+        what = "the state, or SaveAt(fn) of it," if saves_fn else "the state"
+        if how == AT_SAVE:
+            return (
+                f"{what} was first non-finite (inf/nan) at this save time, so it became so at "
+                f"or before it ({_RUNS_ON}); {_FIX_NONFINITE}"
+            )
+        if how == AT_END:
+            return (
+                f"the state was non-finite (inf/nan) at the end of the solve ({_RUNS_ON}); "
+                f"{_FIX_NONFINITE}"
+            )
+        if saves_fn and problem.runs_on:  # located by the first non-finite saved row
+            return f"{what} became non-finite (inf/nan); check f, fn and the initial state"
+        return None
+
+    from ._loop import AT_END, AT_SAVE, RuntimeGrid
+
+    fixed_steps = isinstance(problem.control, RuntimeGrid)
+
     def body(code, info):
+        info, how = info
+        if code == Result.nonfinite:
+            return ran_on(int(how))
+        if code == Result.max_steps_reached and fixed_steps:
+            return (
+                "max_steps was reached before t1: the fixed steps of this span (with any that "
+                "events cut short) number more than max_steps; pass a larger max_steps or a "
+                "larger step size"
+            )
         if code == Result.nonfinite_y0:
             return f"the initial state y0 is not finite: {entry(y_names, *info[0:2])}; {_FIX_Y0}"
         if code != Result.nonfinite_f0:

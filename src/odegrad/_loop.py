@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._batching import any_member, member_where
+from ._batching import any_member, member_where, run_if
 from ._events import EventLogRecorder, EventSet, EventState, step_events
 from ._progress import chunked_scan
 from ._recorders import DenseRows, LoopSetup, Recorder, StepRecord, StepTaken, StepTimes
@@ -127,20 +127,33 @@ def scan_loop(solver, f, args, grid, y0, *, plan: SavePlan, s=1.0, progress=None
     )
 
 
-def locate_failure(out: LoopOutput, grid, save_times):
-    """Forward time and step of a failure: where a checked while loop stopped; else (a static
-    grid's scan, an unchecked while loop, see :func:`checks_each_step`) the first saved row
-    holding a non-finite value, or the end of what ran. ``grid``: the static grid, or None."""
+#: how :func:`locate_failure` located a failure: where the loop stopped (or the first saved step
+#: holding a non-finite value), at the first save time holding one, or only at the end
+AT_STEP, AT_SAVE, AT_END = 0, 1, 2
+
+
+def locate_failure(out: LoopOutput, grid, save_times, tau0=None):
+    """``(tau, step, how)`` of a failure, as a checked while loop reports where it stopped: the
+    failing step's start and its number (from 1). Else (a static grid's scan, an unchecked
+    while loop, see :func:`checks_each_step`) the first saved step holding a non-finite value
+    gives them, or the first save time holding one (its step is not known: -1), or the end of
+    what ran; ``how`` says which (``AT_STEP``, ``AT_SAVE``, ``AT_END``). ``grid``: the static
+    grid, or None; ``tau0``: the start (for a step that failed first)."""
     if out.fail_t is not None:
-        return out.fail_t, out.fail_step
+        return out.fail_t, out.fail_step, jnp.asarray(AT_STEP)
     if grid is not None:
-        step_times, end_t, end_step = grid[1:], grid[-1], grid.shape[0] - 1
+        step_ends, end_t, end_step, tau0 = grid[1:], grid[-1], grid.shape[0] - 1, grid[0]
     else:  # (rows past the last step hold inf times)
-        step_times, end_t, end_step = out.steps_ts, out.t1, out.stats["steps"]
-    first_bad, fail_t = _first_nonfinite(out.steps_ys, step_times, out.ts_ys, save_times, end_t)
+        step_ends, end_t, end_step = out.steps_ts, out.t1, out.stats["steps"]
+    first_bad, fail_t = _first_nonfinite(out.steps_ys, step_ends, out.ts_ys, save_times, end_t)
+    found, at_step = jnp.isfinite(fail_t), first_bad >= 0
+    if out.steps_ys is not None:  # the step that made the row: its start
+        fail_t = jnp.where(first_bad > 0, step_ends[jnp.maximum(first_bad - 1, 0)], tau0)
+    how = jnp.where(found, jnp.where(at_step, AT_STEP, AT_SAVE), AT_END)
     return (
-        jnp.where(jnp.isfinite(fail_t), fail_t, end_t),
-        jnp.where(first_bad >= 0, first_bad, end_step),
+        jnp.where(found, fail_t, end_t),
+        jnp.where(at_step, first_bad + 1, jnp.where(found, -1, end_step)),
+        how,
     )
 
 
@@ -158,6 +171,20 @@ def _first_nonfinite(steps_rows, step_times, ts_rows, save_times, end_t):
     found = bad[first]
     idx = jnp.where(found & is_step, first, -1)
     return idx, jnp.where(found, times[first], jnp.inf)
+
+
+def _saves_at_start(rows, plan: SavePlan, c: LoopState, setup: LoopSetup):
+    """The saves at ``tau0`` when the loop accepted no step (a span traced to ``t1 == t0``, or a
+    failure at the start), which no step wrote: the state there is ``y0``."""
+    none_taken = c.acc == 0
+
+    def fill(rows):
+        at_start = (plan.ts <= setup.tau0) & none_taken
+        value = plan.fn(setup.tau0, setup.y0, setup.args)
+        pick = lambda r, v: jnp.where(at_start.reshape(at_start.shape + (1,) * (r.ndim - 1)), v, r)
+        return jax.tree.map(pick, rows, value)
+
+    return run_if(any_member(none_taken), fill, rows)
 
 
 def _saved_rows_finite(outs: dict, plan: SavePlan, t_end):
@@ -440,6 +467,8 @@ def while_loop(
     outs = {}
     for r, r_c in zip(recorders, c.records, strict=True):
         outs.update(r.finish(r_c, c))
+    if "ts_ys" in outs:
+        outs["ts_ys"] = _saves_at_start(outs["ts_ys"], plan, c, setup)
     result = c.result
     if not checked:
         ok = tree_all_finite(c.y) & _saved_rows_finite(outs, plan, c.t)

@@ -26,6 +26,7 @@ class Result(enum.IntEnum):
     * ``max_events_reached``: more events than ``max_events``.
     * ``invalid_save_times``: traced ``SaveAt(ts)`` out of order or outside ``t_span`` (concrete
       ones raise when the solve is traced).
+    * ``invalid_t_span``: a traced ``t_span`` holds inf or nan (a concrete one raises).
 
     With ``throw=True`` the error names the leaf at fault (``y0['x']``, ``args['k']``).
     """
@@ -38,6 +39,7 @@ class Result(enum.IntEnum):
     nonfinite_f0 = 5
     max_events_reached = 6
     invalid_save_times = 7
+    invalid_t_span = 8
 
     @property
     def message(self) -> str:
@@ -71,6 +73,10 @@ _MESSAGES = {
         "SaveAt(ts) must be sorted in the direction of integration (ascending for t1 > t0, "
         "descending for t1 < t0) and lie inside t_span; checked when the solve ran, as ts "
         "(or t_span) was traced"
+    ),
+    Result.invalid_t_span: (
+        "t_span holds inf or nan (t0 and t1 must be finite); checked when the solve ran, as "
+        "t_span was traced"
     ),
 }
 
@@ -135,7 +141,8 @@ def result_message(code: int, t, step, member: str = "", body: str | None = None
     """The error text for a failed solve; ``body`` (say, naming the leaf at fault) replaces the
     code's own message."""
     body = Result(int(code)).message if body is None else body
-    return f"og.solve failed at t={float(t):.6g} (step {int(step)}{member}): {body}."
+    where = ", ".join(x for x in (f"step {int(step)}" if step >= 0 else "", member) if x)
+    return f"og.solve failed at t={float(t):.6g}{f' ({where})' if where else ''}: {body}."
 
 
 def _raise_first_failure(code, t, step, info=None, describe=None):
@@ -154,7 +161,7 @@ def _raise_first_failure(code, t, step, info=None, describe=None):
     if code.ndim:
         where = np.unravel_index(i, code.shape)
         which = where[0] if len(where) == 1 else tuple(map(int, where))
-        member = f", batch member {which} of a batch of {code.shape}"
+        member = f"batch member {which} of a batch of {code.shape}"
         if bad.size > 1:
             member += f"; {bad.size} members failed"
     body = None

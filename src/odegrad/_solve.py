@@ -22,7 +22,7 @@ from ._initial import (
     refined_result,
     state_names,
 )
-from ._loop import RuntimeGrid, locate_failure
+from ._loop import AT_STEP, RuntimeGrid, locate_failure
 from ._saveat import SaveAt, check_save_times, save_times_valid
 from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
@@ -141,7 +141,7 @@ def _solve(
     problem, ctx = _build_problem(
         f, y0, t_span, args, solver, step, saveat, adjoint, max_steps, events, max_events
     )
-    saveat, s, t0, args_ext, y0, ts_valid = ctx
+    saveat, s, t0, args_ext, y0, ts_valid, span_valid = ctx
     if throw:
         check_concrete_state(y0, state_names(y0_user))
     problem = dataclasses.replace(problem, throw=bool(throw))
@@ -152,6 +152,8 @@ def _solve(
     out = adjoint.run(problem)
     if ts_valid is not None:  # traced save times, out of order or outside the span
         out = out._replace(result=jnp.where(ts_valid, out.result, Result.invalid_save_times))
+    if span_valid is not None:
+        out = out._replace(result=jnp.where(span_valid, out.result, Result.invalid_t_span))
 
     ts, ys = assemble(saveat, problem.plan, s, t0, problem.tau0, y0, args_ext, out)
     # A while loop that failed at t0 never moved: its final state is y0, and reading it rather
@@ -160,14 +162,17 @@ def _solve(
     if throw:
 
         def locate():
-            tau, step_ = locate_failure(out, problem.grid, problem.plan.ts)
+            tau, step_, how = locate_failure(out, problem.grid, problem.plan.ts, problem.tau0)
             code, info = locate_start(problem, out, y_start)
             # a non-finite y0 or f(t0, y0, args) fails at the start, though a scan runs on
             initial = code != out.result
-            return jnp.where(initial, t0, s * tau), jnp.where(initial, 0, step_), code, info
+            how = jnp.where(initial, AT_STEP, how)
+            t_fail, step_fail = jnp.where(initial, t0, s * tau), jnp.where(initial, 0, step_)
+            return t_fail, step_fail, code, (info, how)
 
         outputs = (ts, ys, out.stats, out.result, out.dense, out.events)
-        outputs = check_result(outputs, out.result, locate, describe(problem, y0_user, args))
+        words = describe(problem, y0_user, args, saveat.fn is not None)
+        outputs = check_result(outputs, out.result, locate, words)
     else:
         outputs = (ts, ys, out.stats, refined_result(problem, out, y_start), out.dense, out.events)
     *outputs, log = outputs
@@ -272,7 +277,12 @@ def _build_problem(
         events=_event_set(events, event_fns, f_args, solver.partitioned, max_events),
     )
     ts_valid = save_times_valid(ts_tau, tau0, tau1)
-    return problem, (saveat, s, t0, args_ext, y0, ts_valid)
+    # a traced span is checked when the solve runs (a concrete one was, above): a nan t1 would
+    # take no step and "succeed" with y0
+    span_valid = None
+    if not (_is_concrete(t0) and _is_concrete(t1)):
+        span_valid = jnp.isfinite(t0) & jnp.isfinite(t1)
+    return problem, (saveat, s, t0, args_ext, y0, ts_valid, span_valid)
 
 
 def explain_adjoint(

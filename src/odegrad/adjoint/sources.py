@@ -32,7 +32,7 @@ from .._recorders import StepRecord
 from .._saving import SavePlan, saves_in_step
 from .._solution import host_check
 from .._step import Adaptive
-from .._tree import rms_error_ratio, tree_scale, tree_set_row
+from .._tree import rms_error_ratio, tree_all_finite, tree_scale, tree_set_row
 from .._tuning import tuning
 from .base import Problem
 from .checkpointing import reverse_steps
@@ -59,11 +59,12 @@ def _report_drift(on_drift: str, drift) -> None:
 
 def _drift(problem, y, stored):
     """How far the re-integrated ``y`` is from the ``stored`` forward state, in tolerances
-    (``inf`` where not finite)."""
+    (``inf`` where not finite; 0 where the forward state itself is not: that solve failed, and
+    its result says so, not a drift)."""
     ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
     diff = jax.tree.map(jnp.subtract, y, stored)
     ratio = rms_error_ratio(diff, stored, stored, ctrl.rtol, ctrl.atol)
-    return jnp.where(jnp.isfinite(ratio), ratio, jnp.inf)
+    return jnp.where(tree_all_finite(stored), jnp.where(jnp.isfinite(ratio), ratio, jnp.inf), 0)
 
 
 class Pass(NamedTuple):
@@ -406,7 +407,10 @@ class Reintegrated(StateSource):
         # and at t0, where the re-integrated state must come back to y0 (with no save times
         # in between this is the only check: a diffusion blew up to 1e160 unreported)
         carry["drift"] = jnp.maximum(carry["drift"], _drift(bwd.problem, carry["y"], bwd.y0))
-        # the host is called only when some member drifted: nothing on the success path
-        failed = any_member(jnp.any(carry["drift"] > DRIFT_LIMIT))
+        # the host is called only when some member drifted: nothing on the success path. A
+        # forward solve that ended non-finite failed (its result says so; the gradient is nan):
+        # re-integrating from there is no drift
+        drifted = (carry["drift"] > DRIFT_LIMIT) & tree_all_finite(bwd.keep["y1"])
+        failed = any_member(jnp.any(drifted))
         report = partial(_report_drift, self.on_drift)
         return host_check(report, carry, failed, carry["drift"])
