@@ -935,7 +935,7 @@ def _lv_saves_loss(p, c):
     [
         3,
         pytest.param(30, marks=pytest.mark.slow),
-        40,
+        pytest.param(40, marks=pytest.mark.slow),
         pytest.param(48, marks=pytest.mark.slow),
         49,
         pytest.param(400, marks=pytest.mark.slow),

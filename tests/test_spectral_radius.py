@@ -289,11 +289,14 @@ class _CountedROCK2(ROCK2):
     "adjoint, step",
     [
         (og.Interpolating(), og.Adaptive(1e-7, 1e-9)),
-        (og.Quadrature(), og.Adaptive(1e-7, 1e-9)),
-        (og.Backsolve(), og.Adaptive(1e-7, 1e-9)),
-        (og.Interpolating(checkpoints=3), og.Adaptive(1e-7, 1e-9)),
+        # (the rest with -m slow: the suite stays under 15 minutes on 2 cores)
+        pytest.param(og.Quadrature(), og.Adaptive(1e-7, 1e-9), marks=pytest.mark.slow),
+        pytest.param(og.Backsolve(), og.Adaptive(1e-7, 1e-9), marks=pytest.mark.slow),
+        pytest.param(
+            og.Interpolating(checkpoints=3), og.Adaptive(1e-7, 1e-9), marks=pytest.mark.slow
+        ),
         # (on a fixed grid the backward ODE's own O(dt^2) error: 0.7 % from Discrete's)
-        (og.Interpolating(), og.Fixed(0.002)),
+        pytest.param(og.Interpolating(), og.Fixed(0.002), marks=pytest.mark.slow),
     ],
     ids=["interpolating", "quadrature", "backsolve", "checkpoints", "fixed-grid"],
 )
