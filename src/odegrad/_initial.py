@@ -261,16 +261,24 @@ def describe(problem, y0_user: PyTree, args_user: PyTree, saves_fn: bool = False
     return body
 
 
+#: states of at most this many entries are checked for inf and nan on the host
+_HOST_CHECK_ENTRIES = 1 << 16
+
+
 def check_concrete_state(y0: PyTree, names: list[str]) -> None:
     """Raise a ``ValueError`` naming the first leaf of ``y0`` that holds inf or nan, when the
     leaves are concrete (eager calls, constants under ``jax.jit``); traced leaves are left to
-    the run-time check. One device reduction and one small transfer."""
+    the run-time check. A small state is checked on the host (no program to compile for each
+    new shape); a large one by one device reduction and one small transfer."""
     leaves = jax.tree.leaves(y0)
     concrete = [i for i, x in enumerate(leaves) if not isinstance(x, jax.core.Tracer)]
     if not concrete:
         return
-    with jax.ensure_compile_time_eval():
-        ok = np.asarray(_finite_flags([leaves[i] for i in concrete]))
+    if sum(int(np.size(leaves[i])) for i in concrete) <= _HOST_CHECK_ENTRIES:
+        ok = np.array([np.isfinite(np.asarray(leaves[i])).all() for i in concrete])
+    else:
+        with jax.ensure_compile_time_eval():
+            ok = np.asarray(_finite_flags([leaves[i] for i in concrete]))
     if ok.all():
         return
     i = concrete[int(np.argmin(ok))]

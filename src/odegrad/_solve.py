@@ -236,9 +236,9 @@ def _build_problem(
     def to_jnp(x):
         if x is None:
             return None
-        if _is_concrete(x):
+        if _is_concrete(x):  # (a device_put: jnp.asarray of a 0-d array compiles a program)
             with jax.ensure_compile_time_eval():
-                return jnp.asarray(x, tdtype)
+                return jax.device_put(np.asarray(x, tdtype))
         return jnp.asarray(x, tdtype)
 
     grid, ts_tau, t0, tau0, tau1 = map(to_jnp, (grid, ts_tau, t0, tau0, tau1))
@@ -503,10 +503,12 @@ def _grid(step, solver, t0, t1, s, tdtype, max_steps):
                     f"Fixed(dt={step.dt}) over t_span=({float(t0)}, {float(t1)}) takes {n} steps "
                     f"but max_steps={max_steps}: pass max_steps>={n} or a larger dt."
                 )
-            tau0, tau1 = s * t0, s * t1
-            with jax.ensure_compile_time_eval():  # a constant, not a tracer: see to_jnp
-                k = jnp.arange(n + 1, dtype=tdtype)
-                grid = (tau0 + (tau1 - tau0) * (k / n)).at[-1].set(tau1)
+            tau0, tau1 = (np.asarray(s * np.asarray(t), tdtype) for t in (t0, t1))
+            # in numpy: eager jnp operations compile an XLA program each at their first use
+            # (0.2 s of a process's first solve); k * (1 / n) is what XLA made of k / n
+            k = np.arange(n + 1, dtype=tdtype)
+            grid = tau0 + (tau1 - tau0) * (k * np.asarray(1.0 / n, tdtype))
+            grid[-1] = tau1
             return grid, None
         n = jnp.maximum(1, jnp.round(jnp.abs(t1 - t0) / step.dt)).astype(jnp.int32)
         return None, RuntimeGrid(n)
