@@ -403,22 +403,43 @@ def test_blowup_fixed_traced_span_under_vmap():
         )
 
 
+@pytest.mark.parametrize(
+    "adjoint",
+    [og.Auto(), og.Discrete(3), og.Interpolating(), og.Quadrature()],
+    ids=["auto", "discrete3", "interpolating", "quadrature"],
+)
 @pytest.mark.parametrize("step", [og.Fixed(0.1), og.Adaptive()], ids=["fixed", "adaptive"])
-def test_traced_empty_span_saves_y0(step):
+def test_traced_empty_span_saves_y0(step, adjoint):
     """A span traced to t1 == t0 (a member of a vmap over t1 = linspace(0, 1, 3)): the loop
-    takes no step, and the saves at t0 are y0's (they held the buffer's inf fill, which the
-    fixed grid then reported as a non-finite state); the gradient of such a save is 1."""
+    takes no step, and the saves at t0 are fn(t0, y0) (they held the buffer's inf fill, which
+    the fixed grid then reported as a non-finite state). Their gradients: Discrete visited no
+    step that held them (it gave 0), the continuous adjoints read the state from an empty dense
+    output (nan where fn reads args)."""
 
-    def run(t1, y0=1.0):
-        ts = jnp.array([0.0, 0.0])
-        sol = og.solve(lambda t, y, a: -y, y0, (0.0, t1), step=step, saveat=og.SaveAt(ts=ts))
+    def run(t1, y0=1.0, k=2.0):
+        saveat = og.SaveAt(ts=jnp.array([0.0, 0.0]), fn=lambda t, y, k: k * y)
+        sol = og.solve(lambda t, y, k: -k * y, y0, (0.0, t1), k, step=step, saveat=saveat,
+                       adjoint=adjoint)  # fmt: skip
         return sol.ys, sol.result
 
     ys, results = jax.jit(jax.vmap(run))(jnp.linspace(0.0, 1.0, 3))
     assert results.tolist() == [og.Result.success] * 3
-    np.testing.assert_allclose(ys, [[1.0, 1.0]] * 3)
-    grad = jax.grad(lambda y0: jax.jit(run)(0.0, y0)[0].sum())(1.0)
-    np.testing.assert_allclose(grad, 2.0)
+    np.testing.assert_allclose(ys[0], [2.0, 2.0])
+    loss = lambda y0, k, t1: run(t1, y0, k)[0].sum()  # 2 k y0 at t1 == t0
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1)))(1.0, 2.0, 0.0)
+    np.testing.assert_allclose(grads, (4.0, 2.0))
+    batch = lambda y0, k: jax.vmap(lambda t1: loss(y0, k, t1))(jnp.array([0.0, 0.5])).sum()
+    # (every member saves at t = 0: 2 k y0 each; the empty one is no longer dropped)
+    got = jax.jit(jax.grad(batch, argnums=(0, 1)))(1.0, 2.0)
+    np.testing.assert_allclose(got, (8.0, 4.0))
+
+
+def test_traced_infinite_t1_takes_no_step():
+    """A traced t1 = inf ran until max_steps; it takes no step and fails as invalid_t_span."""
+    sol = jax.jit(lambda t1: og.solve(lambda t, y, a: jnp.ones_like(y), 1.0, (0.0, t1),
+                                      throw=False))(jnp.inf)  # fmt: skip
+    assert int(sol.result) == og.Result.invalid_t_span
+    assert int(sol.stats["steps"]) == 0
 
 
 def test_nonfinite_save_fn_is_named():

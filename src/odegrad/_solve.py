@@ -202,13 +202,20 @@ def _build_problem(
     _check_times_constant(t_span, step, saveat)
     s = _direction(t0, t1)
     tau0, tau1 = s * t0, s * t1
+    # a traced span is checked when the solve runs (a concrete one was, above): one that holds
+    # inf or nan takes no step (a nan t1 "succeeded" with y0; an inf one ran max_steps) and
+    # the result says so (Result.invalid_t_span)
+    span_valid, t1_run = None, t1
+    if not (_is_concrete(t0) and _is_concrete(t1)):
+        span_valid = jnp.isfinite(t0) & jnp.isfinite(t1)
+        tau1, t1_run = jnp.where(span_valid, tau1, tau0), jnp.where(span_valid, t1, t0)
     # Only the array leaves of args are traced; the rest (an equinox module's activation
     # function, strings, Python numbers) are put back around them inside f and fn.
     arrays, user_args, arrays_of = split_arrays(args)
     f = _with_user_args(f, user_args, solver.partitioned)
     _check_rhs(f, solver, t0, y0, arrays)
 
-    grid, control = _grid(step, solver, t0, t1, s, tdtype, max_steps)
+    grid, control = _grid(step, solver, t0, t1_run, s, tdtype, max_steps)
     if events and grid is not None:  # an event ends a step early: the while loop's grid
         control, grid = RuntimeGrid(grid.shape[0] - 1, jnp.asarray(grid, tdtype)), None
     ts_tau = None if saveat.ts is None else check_save_times(saveat.ts, t0, t1, s, tdtype)
@@ -277,11 +284,6 @@ def _build_problem(
         events=_event_set(events, event_fns, f_args, solver.partitioned, max_events),
     )
     ts_valid = save_times_valid(ts_tau, tau0, tau1)
-    # a traced span is checked when the solve runs (a concrete one was, above): a nan t1 would
-    # take no step and "succeed" with y0
-    span_valid = None
-    if not (_is_concrete(t0) and _is_concrete(t1)):
-        span_valid = jnp.isfinite(t0) & jnp.isfinite(t1)
     return problem, (saveat, s, t0, args_ext, y0, ts_valid, span_valid)
 
 

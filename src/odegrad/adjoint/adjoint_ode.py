@@ -244,8 +244,18 @@ class _Continuous(AbstractAdjoint):
         if propagator and src.reintegrates:
             ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
             reintegrate = (ctrl.rtol, ctrl.atol)
+        # a solve that took no step (a span traced to t1 == t0) has no dense output to read the
+        # saves' states from: they are y0 (the backward solve's intervals are empty)
+        moved = keep["t1"] > problem.tau0
+
+        def y_at_save(c, p):
+            return tree_where(moved, y_at(c, p), y0)
+
         if columns:
             ys = src.states_at_saves(problem, keep)
+            ys = tree_where(
+                moved, ys, jax.tree.map(lambda x, y: jnp.broadcast_to(x, y.shape), y0, ys)
+            )
             saves, g0 = self._save_columns(problem, keep, ys, args_diff, ct, src.reintegrates)
 
         def rhs_for(c, within):
@@ -326,7 +336,7 @@ class _Continuous(AbstractAdjoint):
             if not ts_labels and not plan.steps:
                 return c
             rows = ct.ts_ys if ts_labels else ct.steps_ys
-            y = y_at(c, p)
+            y = y_at_save(c, p)
             row = jax.tree.map(lambda r: r[jnp.maximum(label, 0)], rows)
             _, pull = jax.vjp(lambda y_, a_: plan.fn(p, y_, problem.with_args(a_)), y, args_diff)
             cy, ca = pull(row)

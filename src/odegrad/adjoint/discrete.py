@@ -275,6 +275,23 @@ def _checkpointed(problem: Problem, checkpoints, keep_state: bool) -> LoopOutput
                 cy0, cst0, ca0 = vjp((a_y, a_st, ct_dense, ct_event))
                 return cy0, cst0, tree_add(a_args, ca0)
 
+            def start_saves(a_y, a_args):
+                """The saves at tau0 of a solve that took no step (a span traced to t1 == t0):
+                the loop wrote them as fn(tau0, y0, args), no step holds them."""
+                if fixed or plan.ts is None:
+                    return a_y, a_args
+
+                def pull():
+                    at_start = (plan.ts <= problem.tau0) & (n == 0)
+                    mask = lambda c: jnp.tensordot(at_start.astype(c.dtype), c, axes=1)
+                    row = jax.tree.map(mask, ct.ts_ys)
+                    save = lambda y, a: plan.fn(problem.tau0, y, problem.with_args(a))
+                    return jax.vjp(save, y0, args_diff)[1](row)
+
+                zeros = lambda: (tree_zeros_like(y0), tree_zeros_like(args_diff))
+                cy, ca = lax.cond(any_member(n == 0), pull, zeros)
+                return tree_add(a_y, cy), tree_add(a_args, ca)
+
             if keep_state:
                 st0 = problem.init_state(y0, args)
                 adj = (ct.y1, tree_zeros_like(st0), tree_zeros_like(args_diff))
@@ -291,13 +308,13 @@ def _checkpointed(problem: Problem, checkpoints, keep_state: bool) -> LoopOutput
                     lambda y, a: problem.init_state(y, problem.with_args(a)), y0, args_diff
                 )
                 cy, ca = vjp_init(a_st)
-                return tree_add(a_y, cy), tree_add(a_args, ca)
+                return start_saves(tree_add(a_y, cy), tree_add(a_args, ca))
             adj = (ct.y1, None, tree_zeros_like(args_diff))
             kept = rec["y"] if prefix else None
             a_y, _, a_args = reverse_steps(
                 advance, backward, n, y0, adj, int(checkpoints), prefix=kept
             )
-            return a_y, a_args
+            return start_saves(a_y, a_args)
 
         return CustomRule(primal, solve_fwd, solve_bwd)
 

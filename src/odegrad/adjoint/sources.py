@@ -410,7 +410,7 @@ class Reintegrated(StateSource):
         # the host is called only when some member drifted: nothing on the success path. A
         # forward solve that ended non-finite failed (its result says so; the gradient is nan):
         # re-integrating from there is no drift
-        drifted = (carry["drift"] > DRIFT_LIMIT) & tree_all_finite(bwd.keep["y1"])
-        failed = any_member(jnp.any(drifted))
+        drift = jnp.where(tree_all_finite(bwd.keep["y1"]), carry["drift"], 0)
+        failed = any_member(jnp.any(drift > DRIFT_LIMIT))
         report = partial(_report_drift, self.on_drift)
-        return host_check(report, carry, failed, carry["drift"])
+        return host_check(report, carry, failed, drift)
