@@ -29,7 +29,7 @@ from ._step import Fixed, StepTo
 from ._tracers import differentiated, forward_mode
 from ._tree import hoist_rhs, lift_tracers, split_arrays
 from .adjoint import Auto, Discrete
-from .adjoint.base import instantiate_zeros, primal_values, refuse_perturbed
+from .adjoint.base import instantiate_zeros, perturbed_leaves, primal_values, refuse_perturbed
 
 
 def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
@@ -83,18 +83,44 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
     def run(times, y0, arrays, opts):
         return outputs(times, y0, arrays, opts)
 
+    # which inputs a derivative reaches: known in the forward rule, read by the backward one
+    reached = {}
+
     def run_fwd(times, y0, arrays, opts):
         refuse_perturbed(opts)  # a tolerance or og.Fixed(dt) being differentiated
+        # differentiate the solve only in what a derivative reaches, so that og.Auto inside
+        # counts those inputs alone (a concrete y0 of 200 entries made it leave Forward); y0's
+        # cotangent also gives t0's
+        reached["y0"] = any(perturbed_leaves(y0)) or perturbed_leaves(times)[0]
+        reached["arrays"] = moving = perturbed_leaves(arrays)
         times, y0, arrays, opts = primal_values((times, y0, arrays, opts))
-        (ts, ys), pullback, aux = jax.vjp(
-            lambda y, a: outputs(times, y, a, opts), y0, arrays, has_aux=True
-        )
+        leaves, tree = jax.tree.flatten(arrays)
+        fixed = [x for x, m in zip(leaves, moving, strict=True) if not m]
+
+        def solve_in(y, moving_leaves):
+            it, rest = iter(moving_leaves), iter(fixed)
+            a = jax.tree.unflatten(tree, [next(it) if m else next(rest) for m in moving])
+            return outputs(times, y if reached["y0"] else y0, a, opts)
+
+        moving_leaves = [x for x, m in zip(leaves, moving, strict=True) if m]
+        y_in = y0 if reached["y0"] else ()
+        (ts, ys), pullback, aux = jax.vjp(solve_in, y_in, moving_leaves, has_aux=True)
         return ((ts, ys), aux), (pullback, times, y0, arrays, ts, ys)
+
+    def cotangents_of(pullback, ct, y0, arrays):
+        """``(ct_y0, ct_arrays)`` from the forward rule's pullback (zeros where unreached)."""
+        ct_y, ct_moving = pullback(ct)
+        leaves, tree = jax.tree.flatten(arrays)
+        it = iter(ct_moving)
+        moving = reached["arrays"]
+        ct_a = [next(it) if m else jnp.zeros_like(x) for x, m in zip(leaves, moving, strict=True)]
+        ct_y0 = ct_y if reached["y0"] else jax.tree.map(jnp.zeros_like, y0)
+        return ct_y0, jax.tree.unflatten(tree, ct_a)
 
     def run_bwd(res, ct):
         pullback, times, y0, arrays, ts, ys = res
         ct_ts, ct_ys = instantiate_zeros(ct[0])
-        ct_y0, ct_arrays = pullback((jnp.zeros_like(ts), ct_ys))
+        ct_y0, ct_arrays = cotangents_of(pullback, (jnp.zeros_like(ts), ct_ys), y0, arrays)
         # each saved row's time: its own cotangent, and the state's motion <ct, f(t, y)>
         moved = lambda t, y, c: _dot(c, rhs(t, y, arrays))
         per_row = ct_ts[first:] + jax.vmap(moved)(ts[first:], moving(ys), moving(ct_ys))

@@ -267,6 +267,12 @@ def primal_values(tree):
     return jax.tree.map(lambda p: p.value, tree, is_leaf=_is_primal)
 
 
+def perturbed_leaves(tree) -> list[bool]:
+    """Which leaves of a ``custom_vjp`` forward rule's input ``tree`` (under
+    ``symbolic_zeros=True``) a derivative reaches."""
+    return [p.perturbed for p in jax.tree.leaves(tree, is_leaf=_is_primal)]
+
+
 def instantiate_zeros(ct):
     """``ct`` with each ``SymbolicZero`` leaf an array of zeros."""
     is_zero = lambda c: isinstance(c, SymbolicZero)
