@@ -54,7 +54,7 @@ from .base import (
     primal_values,
     refuse_dense_cotangent,
 )
-from .columns import ColumnSolver, PropagatorSolver, SaveColumns, save_path
+from .columns import ColumnSolver, PropagatorSolver, save_columns, save_path
 from .sources import Pass, StateSource
 
 
@@ -244,19 +244,19 @@ class _Continuous(AbstractAdjoint):
         if propagator and src.reintegrates:
             ctrl = problem.control if isinstance(problem.control, Adaptive) else Adaptive()
             reintegrate = (ctrl.rtol, ctrl.atol)
-        # a solve that took no step (a span traced to t1 == t0) has no dense output to read the
-        # saves' states from: they are y0 (the backward solve's intervals are empty)
-        moved = keep["t1"] > problem.tau0
+        # a span traced to t1 == t0 takes no step: no dense output holds the saves' states,
+        # which are y0 (a concrete span always moves, and pays nothing for this)
+        moved = None if problem.always_moves else keep["t1"] > problem.tau0
 
         def y_at_save(c, p):
-            return tree_where(moved, y_at(c, p), y0)
+            return y_at(c, p) if moved is None else tree_where(moved, y_at(c, p), y0)
 
         if columns:
             ys = src.states_at_saves(problem, keep)
-            ys = tree_where(
-                moved, ys, jax.tree.map(lambda x, y: jnp.broadcast_to(x, y.shape), y0, ys)
-            )
-            saves, g0 = self._save_columns(problem, keep, ys, args_diff, ct, src.reintegrates)
+            if moved is not None:
+                y0_rows = jax.tree.map(lambda x, y: jnp.broadcast_to(x, y.shape), y0, ys)
+                ys = tree_where(moved, ys, y0_rows)
+            saves, g0 = save_columns(problem, keep, ys, args_diff, ct, src.reintegrates)
 
         def rhs_for(c, within):
             """d(state)/dp for the backward state z = (a, g, src.carries) in forward time p."""
@@ -497,23 +497,6 @@ class _Continuous(AbstractAdjoint):
             where = (carry["failed"], s * carry["failed_p"])
             grads = host_check(report, grads, any_member(raises), *where)
         return grads
-
-    def _save_columns(self, problem: Problem, keep, ys, args_diff, ct, with_states=False):
-        """The saves' jumps of ``a`` (merged per time) from the states there, and the sum of
-        their ``dL/dp``, in one product over the saves; saves past where the solve stopped
-        take no part."""
-        plan = problem.plan
-        valid = plan.ts <= keep["t1"]
-        rows = jax.tree.map(
-            lambda r: jnp.where(valid.reshape((-1,) + (1,) * (r.ndim - 1)), r, 0), ct.ts_ys
-        )
-
-        def saved(y_, a_):
-            return jax.vmap(lambda p, y: plan.fn(p, y, problem.with_args(a_)))(plan.ts, y_)
-
-        _, pull = jax.vjp(saved, ys, args_diff)
-        cy, ca = pull(rows)
-        return SaveColumns.merge(plan.ts, cy, valid, ys if with_states else None), ca
 
     @staticmethod
     def _nodes(solver) -> int:

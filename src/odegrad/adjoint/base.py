@@ -69,6 +69,13 @@ class Problem:
         return None if self.grid is None else self.grid.shape[0] - 1
 
     @property
+    def always_moves(self) -> bool:
+        """Whether the solve takes at least one step: a concrete span does (t1 != t0 is
+        checked); one traced under ``jax.jit`` may be empty (t1 == t0), and its saves at t0
+        are then ``fn(t0, y0)`` written by no step (``_loop._saves_at_start``)."""
+        return not any(isinstance(t, jax.core.Tracer) for t in (self.tau0, self.tau1))
+
+    @property
     def runs_on(self) -> bool:
         """Whether the forward loop runs on to the end past a non-finite value (a static grid's
         scan, or a while loop that does not test each step: ``_loop.checks_each_step``)."""

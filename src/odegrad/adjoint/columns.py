@@ -266,6 +266,24 @@ class SaveColumns(NamedTuple):
         )
 
 
+def save_columns(problem, keep, ys, args_diff, ct, with_states=False):
+    """The saves' jumps of ``a`` (merged per time, :class:`SaveColumns`) from the states ``ys``
+    there, and the sum of their ``dL/dp``, in one product over the saves; saves past where the
+    solve stopped take no part."""
+    plan = problem.plan
+    valid = plan.ts <= keep["t1"]
+    rows = jax.tree.map(
+        lambda r: jnp.where(valid.reshape((-1,) + (1,) * (r.ndim - 1)), r, 0), ct.ts_ys
+    )
+
+    def saved(y_, a_):
+        return jax.vmap(lambda p, y: plan.fn(p, y, problem.with_args(a_)))(plan.ts, y_)
+
+    _, pull = jax.vjp(saved, ys, args_diff)
+    cy, ca = pull(rows)
+    return SaveColumns.merge(plan.ts, cy, valid, ys if with_states else None), ca
+
+
 class ColumnSolver(AbstractSolver):
     """A backward solver whose step also carries the saves inside it as columns (see the module
     docstring). The backward state is ``{"a": ..., "g": ...}`` (``"g"``: ``dL/dp``, absent for

@@ -278,7 +278,7 @@ def _checkpointed(problem: Problem, checkpoints, keep_state: bool) -> LoopOutput
             def start_saves(a_y, a_args):
                 """The saves at tau0 of a solve that took no step (a span traced to t1 == t0):
                 the loop wrote them as fn(tau0, y0, args), no step holds them."""
-                if fixed or plan.ts is None:
+                if fixed or plan.ts is None or problem.always_moves:
                     return a_y, a_args
 
                 def pull():
