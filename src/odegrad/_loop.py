@@ -354,6 +354,8 @@ def while_loop(
     # unchecked, a step is accepted wherever the loop runs: ``member_where`` is then free
     # outside vmap, and selects per member under it
     select = tree_where if checked else member_where
+    # a record that keeps each step's VJP takes the step itself (StepRecord.take)
+    take = next((r.take for r in recorders if isinstance(r, StepRecord) and r.take), None)
 
     def body(c: LoopState) -> LoopState:
         active = running(c)
@@ -364,7 +366,11 @@ def while_loop(
         else:
             h = grid_step(c)
         last = h >= remaining
-        res = solver.step(f, s * c.t, s * h, c.y, args, c.st)
+        t_new = jnp.where(last, tau1, c.t + h)
+        if take is None:
+            res, pullback = solver.step(f, s * c.t, s * h, c.y, args, c.st), None
+        else:
+            res, pullback = take(c.t, h, t_new, c.y, c.st)
         # Adaptive's own error ratio is nan where y1 is not finite (rms_error_ratio): no pass
         # of its own over y1 then, and which failure it was is asked only once a solve fails
         finite = None if ratio_sees_y1 or not checked else tree_all_finite(res.y1)
@@ -400,7 +406,6 @@ def while_loop(
             accept = finite & active if checked else active
             h_next, ratio_prev = c.h, c.ratio_prev
             failed, failure = active & ~accept, jnp.asarray(Result.nonfinite)
-        t_new = jnp.where(last, tau1, c.t + h)
         y1, st1, y_end = res.y1, res.state, res.y1
         evals = solver.step_evals if res.evals is None else res.evals
         ev = ev_row = None
@@ -440,7 +445,7 @@ def while_loop(
         )
         evals = evals + hook_evals
         row = jnp.where(accept, c.acc, max_steps)  # out of range when rejected: no write
-        step = StepTaken(c.t, h, t_new, c.y, c.st, res, y_end, accept, row, ev, ev_row)
+        step = StepTaken(c.t, h, t_new, c.y, c.st, res, y_end, accept, row, ev, ev_row, pullback)
         t = jnp.where(accept, t_new, c.t)
         reported = c.reported
         if progress is not None:

@@ -15,13 +15,14 @@ output, the quadrature sum and an adjoint's record are all recorders.
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from ._tree import tree_fill_rows, tree_set_row
+from ._tree import Packed, tree_fill_rows, tree_set_row
 
 PyTree = Any
 
@@ -63,6 +64,7 @@ class StepTaken(NamedTuple):
     row: Any  # the accepted-step index; out of range (max_steps) when rejected
     event: Any = None  # StepEvents, when the solve has events
     event_row: Any = None  # the row of sol.events it wrote (out of range: none)
+    pullback: Any = None  # the step's VJP, when a StepRecord took the step (``take``)
 
 
 class Recorder(abc.ABC):
@@ -173,6 +175,13 @@ class StepRecord(Recorder):
     #: chaining each step's state into the next applies ``solver.after_step`` there, as
     #: the forward loop did, so that it retakes the steps the loop took
     retries: bool = False
+    #: ``take(tau, h, tau_new, y, st) -> (StepResult, pullback)``: the loop takes each step
+    #: through it and keeps the step's VJP (``jax.vjp``'s residuals, row ``k`` for accepted step
+    #: ``k``, as ``record["pullback"]``, a :class:`~odegrad._tree.Packed` of rows): a reverse
+    #: pass then applies them and re-takes no step, as JAX's reverse pass of a scan does
+    take: Callable | None = field(default=None, compare=False)
+    #: (the pullback's layout, read off the traced loop body)
+    _pullback_layout: list = field(default_factory=list, compare=False, repr=False)
 
     def init(self, setup):
         rows = setup.max_steps if self.rows is None else min(self.rows, setup.max_steps)
@@ -187,6 +196,11 @@ class StepRecord(Recorder):
         if self.retries:
             c["retried"] = jnp.zeros((setup.max_steps,), bool)
             c["pending"] = jnp.zeros((), bool)  # the last attempt was rejected
+        if self.take is not None:
+            h = jnp.asarray(1, setup.tdtype)
+            first = lambda: self.take(setup.tau0, h, setup.tau0 + h, setup.y0, setup.st0)[1]
+            packed = jax.eval_shape(lambda: Packed.pack(first()))
+            c["pullback"] = [jnp.zeros((setup.max_steps, *x.shape), x.dtype) for x in packed.arrays]
         if setup.events is not None:
             c["ev"] = jnp.full((setup.max_steps,), -1, jnp.int32)
             c["theta"] = jnp.ones((setup.max_steps,), setup.tdtype)
@@ -205,6 +219,10 @@ class StepRecord(Recorder):
         if "ring" in state:
             ring_row = jnp.where(step.accept, step.row % self.dense_rows, self.dense_rows)
             new["ring"] = tree_set_row(state["ring"], ring_row, step.res.dense)
+        if "pullback" in state:
+            packed = Packed.pack(step.pullback)
+            self._pullback_layout[:] = [packed.layout]
+            new["pullback"] = tree_set_row(state["pullback"], step.row, list(packed.arrays))
         if "retried" in state:
             new["retried"] = state["retried"].at[step.row].set(state["pending"], mode="drop")
             new["pending"] = ~step.accept
@@ -224,4 +242,6 @@ class StepRecord(Recorder):
 
     def finish(self, state, final):
         kept = {k: v for k, v in state.items() if k != "pending"}
+        if "pullback" in kept:
+            kept["pullback"] = Packed(kept["pullback"], self._pullback_layout[0])
         return {"record": {**kept, "n": final.acc}}

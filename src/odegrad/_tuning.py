@@ -52,6 +52,17 @@ class Tuning:
     #: the step count) only while that buffer is at most this big: on a 64x64 diffusion (Tsit5)
     #: a 256 MiB buffer made the gradient 18 ms against 1.2 ms with 64 slots.
     adaptive_all_bytes: int = 8 * 2**20
+    #: ``Discrete`` keeping every step of a run-time step count keeps each step's VJP (its
+    #: residuals) instead of its state while they take at most this many states (``y`` and the
+    #: solver's state): a step of FFTs, stencils or linear maps has few residuals, and its
+    #: replay costs its stages (seed 004's wave: residuals 1.0 states, gradient 1.32x -> 1.05x
+    #: the scan's); an elementwise step keeps every operation's output, which its replay
+    #: recomputes for less than storing them (Lotka–Volterra, Tsit5: 35 states, vmap 512:
+    #: 98 -> 224 ms)
+    pullback_states: float = 4.0
+    #: ... for states of at least this many bytes (the whole batch): a small step costs its
+    #: kernels' launches, and XLA:CPU runs each write of the loop body as a kernel of its own
+    pullback_min_bytes: int = 2048
     #: ``Interpolating()`` keeps every step's dense output up to this: re-taking the forward
     #: steps costs it more than ``Discrete`` (its backward solve restarts at each one). Neural
     #: ODE, 100 saves, vmap 256 (a 68 MiB buffer): train step 0.42 s against 1.2 s re-taking.
