@@ -4,9 +4,8 @@ A fixed grid on a traced span (seed 004's call: ``t`` a jit argument, ``dt0 = t[
 runs a while loop. With every step kept, its reverse pass applies the VJP each step left in
 the forward pass (``odegrad.adjoint.discrete.keeps_pullbacks``) where the step's residuals are
 few. Checked: gradients equal the static grid's (JAX's own reverse pass of a scan) to rounding,
-for smooth and kinked ``f``, every ``SaveAt`` form and under ``vmap``; the adaptive loop's
-rejected attempts leave no VJP behind; second derivatives; and where the rule keeps states
-instead, as ``og.explain_adjoint`` says.
+for smooth and kinked ``f``, every ``SaveAt`` form and under ``vmap``; second derivatives; and
+where the rule keeps states instead, as ``og.explain_adjoint`` says.
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ SAVES = {
     "steps_fn": og.SaveAt(steps=True, fn=lambda t, y, a: jnp.tanh(a * y[0][3, 5]) + y[1][7, 2]),
     "ts": og.SaveAt(ts=np.linspace(0.0, T, 7)),
     "t1": og.SaveAt(t1=True),
+    "dense": og.SaveAt(t1=True, dense=True),
 }
 
 
@@ -65,7 +65,10 @@ def loss(y0, a, t1, saveat, kink, adjoint):
         adjoint=adjoint,
         max_steps=STEPS + 2,
     )
-    return sum(jnp.sum(jnp.sin(x)) for x in jax.tree.leaves(sol.ys))
+    value = sum(jnp.sum(jnp.sin(x)) for x in jax.tree.leaves(sol.ys))
+    if saveat.dense:
+        value += sum(jnp.sum(jnp.cos(x)) for x in jax.tree.leaves(sol.evaluate(0.37 * t1)))
+    return value
 
 
 @functools.cache
@@ -133,35 +136,31 @@ def lotka_volterra(t, y, a):
     return jnp.stack([a[0] * x - a[1] * x * z, -a[2] * z + a[3] * x * z])
 
 
-def lv_loss(a, adjoint):
-    sol = og.solve(
-        lotka_volterra, jnp.array([10.0, 5.0]), (0.0, 10.0), a,
-        step=og.Adaptive(rtol=1e-7, atol=1e-9), saveat=og.SaveAt(ts=np.linspace(1, 10, 9)),
-        adjoint=adjoint, max_steps=400,
-    )  # fmt: skip
-    return jnp.sum(sol.ys**2), sol.stats["rejected"]
-
-
 def test_elementwise_step_keeps_states():
-    """Tsit5 on Lotka–Volterra keeps every operation's output: 35 states of residuals, so the
-    rule keeps the states and replays the stages."""
-    text = og.explain_adjoint(
-        lotka_volterra, jnp.array([10.0, 5.0]), (0.0, 10.0), jnp.ones(4),
-        adjoint=og.Discrete("all"), max_steps=400,
-    )  # fmt: skip
-    assert "Discrete(checkpoints='all')" in text and KEPT not in text
+    """Tsit5 on a traced span of Lotka–Volterra keeps every operation's output: more states of
+    residuals than ``Tuning.pullback_states``, so the rule keeps the states and replays the
+    stages; an adaptive solve keeps states whatever its residuals."""
+    y0 = jnp.array([10.0, 5.0])
 
+    def explain():
+        said = []
 
-def test_adaptive_with_rejections():
-    """Forced onto an adaptive solve that rejects steps: the rejected attempts' VJPs are
-    dropped, the accepted ones applied, as replaying them from kept states does."""
-    a = jnp.array([1.1, 0.4, 0.4, 0.1])
-    with tuned(pullback_states=1e3, pullback_min_bytes=0):
-        assert KEPT in og.explain_adjoint(
-            lotka_volterra, jnp.array([10.0, 5.0]), (0.0, 10.0), a,
-            adjoint=og.Discrete("all"), max_steps=400,
-        )  # fmt: skip
-        (_, rejected), kept = jax.value_and_grad(lv_loss, has_aux=True)(a, og.Discrete("all"))
-    assert int(rejected) > 0
-    (_, _), replayed = jax.value_and_grad(lv_loss, has_aux=True)(a, og.Discrete(5))
-    np.testing.assert_allclose(kept, replayed, rtol=1e-12)
+        def trace(t1):
+            for step in (og.Fixed(0.01), og.Adaptive()):
+                said.append(
+                    og.explain_adjoint(
+                        lotka_volterra, y0, (0.0, t1), jnp.ones(4), step=step,
+                        adjoint=og.Discrete("all"), max_steps=2000,
+                    )
+                )  # fmt: skip
+            return t1
+
+        jax.jit(trace)(10.0)
+        return said
+
+    with tuned(pullback_min_bytes=0):
+        fixed, adaptive = explain()
+    assert "Discrete(checkpoints='all')" in fixed and KEPT not in fixed
+    with tuned(pullback_min_bytes=0, pullback_states=1e3):
+        forced, adaptive = explain()
+    assert KEPT in forced and KEPT not in adaptive

@@ -312,3 +312,23 @@ def test_step_grid_made_inside_jit_is_held_constant(adjoint):
     if not isinstance(adjoint, og.Discrete) or adjoint.checkpoints == "all":
         tangent = jax.jvp(jax.jit(lambda k: loss(k, 2.0)), (0.7,), (1.0,))[1]
         np.testing.assert_allclose(tangent, expected, rtol=1e-8)
+
+
+def test_float32_state_with_float64_span():
+    """Under x64 a float32 state takes float32 times whatever the span's dtype (a float64 jit
+    argument made f's hoisted jaxpr refuse them). Against the analytic solution of
+    ``y' = a sin(t) y``: ``y(t1) = y0 exp(a (1 - cos t1))``."""
+    y0 = jnp.ones(3, jnp.float32)
+    f = lambda t, y, a: a * jnp.sin(t) * y
+
+    def loss(a, t1):
+        sol = og.solve(f, y0, (0.0, t1), a, step=og.Adaptive(rtol=1e-6, atol=1e-7))
+        return jnp.sum(sol.ys)
+
+    a, t1 = jnp.float32(0.5), 1.0
+    value, (da, dt1) = jax.jit(jax.value_and_grad(loss, (0, 1)))(a, t1)
+    assert value.dtype == jnp.float32
+    exact = 3 * np.exp(0.5 * (1 - np.cos(1.0)))
+    np.testing.assert_allclose(value, exact, rtol=1e-5)
+    np.testing.assert_allclose(da, exact * (1 - np.cos(1.0)), rtol=1e-4)
+    np.testing.assert_allclose(dt1, exact * 0.5 * np.sin(1.0), rtol=1e-4)

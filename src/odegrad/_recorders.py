@@ -197,9 +197,10 @@ class StepRecord(Recorder):
             c["retried"] = jnp.zeros((setup.max_steps,), bool)
             c["pending"] = jnp.zeros((), bool)  # the last attempt was rejected
         if self.take is not None:
-            h = jnp.asarray(1, setup.tdtype)
-            first = lambda: self.take(setup.tau0, h, setup.tau0 + h, setup.y0, setup.st0)[1]
-            packed = jax.eval_shape(lambda: Packed.pack(first()))
+            # traced as the loop body traces the step: times, state and solver state abstract
+            first = lambda t, h, y, st: Packed.pack(self.take(t, h, t + h, y, st)[1])
+            t = jax.ShapeDtypeStruct((), setup.tdtype)
+            packed = jax.eval_shape(first, t, t, setup.y0, setup.st0)
             c["pullback"] = [jnp.zeros((setup.max_steps, *x.shape), x.dtype) for x in packed.arrays]
         if setup.events is not None:
             c["ev"] = jnp.full((setup.max_steps,), -1, jnp.int32)
@@ -221,6 +222,9 @@ class StepRecord(Recorder):
             new["ring"] = tree_set_row(state["ring"], ring_row, step.res.dense)
         if "pullback" in state:
             packed = Packed.pack(step.pullback)
+            rows = [(x.shape[1:], x.dtype) for x in state["pullback"]]
+            if [(x.shape, x.dtype) for x in packed.arrays] != rows:  # (never cast nor broadcast)
+                raise AssertionError(f"a step's VJP {packed.arrays} does not fit its rows {rows}")
             self._pullback_layout[:] = [packed.layout]
             new["pullback"] = tree_set_row(state["pullback"], step.row, list(packed.arrays))
         if "retried" in state:

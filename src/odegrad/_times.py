@@ -69,6 +69,7 @@ def solve_with_time_derivatives(solve, f, y0, t_span, args, options: dict):
         return (sol.ts, sol.ys), (sol.stats, sol.result)
 
     def rhs(t, y, arrays):
+        t = jnp.asarray(t, jnp.finfo(jnp.result_type(*jax.tree.leaves(y))).dtype)  # as f's
         user_arrays, consts = arrays
         f, a = rhs_of(consts), rebuild(user_arrays)
         if partitioned:
@@ -182,8 +183,9 @@ def _explicit_rhs(f, partitioned: bool, t_span, y0, arrays, rebuild):
     """``(conv, consts)``: ``f`` (each of a pair) as ``conv(t, y, arrays, *consts)`` on the
     array leaves of ``args``, every traced value it closes over in ``consts``
     (:func:`~odegrad._tree.hoist_rhs`)."""
-    real = jnp.finfo(jnp.result_type(*jax.tree.leaves(y0))).dtype
-    t = jax.ShapeDtypeStruct((), jnp.result_type(real, *[jnp.result_type(x) for x in t_span]))
+    # the solve calls f with its times in the state's real dtype, whatever the span's (a
+    # float64 span of a float32 state under x64 made f's hoisted jaxpr refuse float32 times)
+    t = jax.ShapeDtypeStruct((), jnp.finfo(jnp.result_type(*jax.tree.leaves(y0))).dtype)
     on_arrays = lambda g: lambda t, y, a: g(t, y, rebuild(a))
     g = tuple(on_arrays(h) for h in f) if partitioned else on_arrays(f)
     return hoist_rhs(g, partitioned, t, y0, arrays)

@@ -100,7 +100,7 @@ class Discrete(AbstractAdjoint):
         if (
             checkpoints == "all"
             and problem.static_steps is None
-            and keeps_pullbacks(problem, self._pullback_bytes(problem))
+            and keeps_pullbacks(problem, self._pullback_bytes())
         ):
             text += "; every step's VJP (its residuals) kept, no stage evaluated again"
         if problem.kinks and problem.static_steps is None:
@@ -122,42 +122,41 @@ class Discrete(AbstractAdjoint):
         keep_state = checkpoints == "all" or not problem.solver.state_from_y
         if self.checkpoints is None and not keep_state:
             keep_state = problem.checkpoints_keep_state(int(checkpoints))
-        pullbacks = checkpoints == "all" and keeps_pullbacks(problem, self._pullback_bytes(problem))
+        pullbacks = checkpoints == "all" and keeps_pullbacks(problem, self._pullback_bytes())
         return _checkpointed(problem, checkpoints, keep_state, pullbacks)
 
-    def _pullback_bytes(self, problem: Problem) -> int:
-        """The most bytes a buffer of ``max_steps`` step VJPs may take: the budget for a fixed
-        grid of run-time length, whose steps fill it; what an adaptive buffer of states may
-        take (``Tuning.adaptive_all_bytes``), since an adaptive solve fills few of its rows and
-        fresh memory costs (Lotka–Volterra, vmap 64, Tsit5: a 73 MiB buffer took the gradient
-        from 1.6 to 20 ms)."""
-        from .._loop import RuntimeGrid
-
-        budget = tuning().memory_budget if self.memory_budget is None else self.memory_budget
-        if isinstance(problem.control, RuntimeGrid):
-            return budget
-        return min(budget, tuning().adaptive_all_bytes)
+    def _pullback_bytes(self) -> int:
+        """The most bytes a buffer of ``max_steps`` step VJPs may take (the whole batch)."""
+        return tuning().memory_budget if self.memory_budget is None else self.memory_budget
 
 
 def keeps_pullbacks(problem: Problem, limit: int) -> bool:
-    """Whether ``checkpoints="all"`` on a run-time step count keeps each step's VJP (its
-    residuals: what JAX's reverse pass of a scan keeps) rather than its state, so that no
-    step's stages are evaluated again in the reverse pass. It does where
+    """Whether ``checkpoints="all"`` on a fixed grid whose step count is known only at run
+    time (``og.Fixed`` on a traced span) keeps each step's VJP (its residuals: what JAX's
+    reverse pass of a scan keeps) rather than its state, so that no step's stages are
+    evaluated again in the reverse pass. It does where
 
     * the residuals take at most ``Tuning.pullback_states`` states: a step of FFTs, stencils or
       linear maps keeps few, while an elementwise step keeps every operation's output, which
       a replay recomputes for less than storing it;
     * the state takes at least ``Tuning.pullback_min_bytes`` (the whole batch);
-    * a buffer of ``max_steps`` of them takes at most ``limit`` bytes (the whole batch);
+    * ``max_steps`` rows of them (and of the dense output the saves at ``SaveAt(ts)`` read)
+      take at most ``limit`` bytes (the whole batch);
     * the solver's step alone makes the next state (no ``after_step`` revision, nothing
       dropped by ``compact_state``) and the solve has no events (a step an event ends is
       re-taken to its jump).
 
+    Adaptive solves keep states: their ``max_steps`` rows are mostly unused (fresh memory
+    costs), and the step inside ``jax.vjp`` compiles to other roundings, which may move the
+    step sizes the controller picks between a solve and its gradient.
+
     Seed 004's wave, 64 x 64 float32, 2000 steps of a traced span: the gradient took 1.32x a
     hand-written scan's replaying each step, 1.05x keeping the residuals."""
+    from .._loop import RuntimeGrid
+
     solver = type(problem.solver)
     if (
-        problem.static_steps is not None
+        not isinstance(problem.control, RuntimeGrid)
         or problem.events is not None
         or solver.after_step is not AbstractSolver.after_step
         or solver.compact_state is not AbstractSolver.compact_state
@@ -166,17 +165,19 @@ def keeps_pullbacks(problem: Problem, limit: int) -> bool:
     need_dense = problem.plan.ts is not None or problem.plan.dense
     take = step_with_pullback(problem, problem.args_diff, need_dense)
 
-    def first_pullback(y0, tau0):
+    def first_step(y0, tau0):
         st0 = problem.solver.init(problem.f, problem.direction * tau0, y0, problem.args)
-        return Packed.pack(take(tau0, tau0 - tau0 + 1, tau0 + 1, y0, st0)[1])
+        res, pullback = take(tau0, tau0 - tau0 + 1, tau0 + 1, y0, st0)
+        return Packed.pack(pullback), (res.dense if problem.plan.ts is not None else ())
 
     tau0 = jnp.asarray(problem.tau0, jnp.result_type(problem.tau0))
-    nbytes = tree_bytes(jax.eval_shape(first_pullback, problem.y0, tau0).arrays)
+    packed, dense = jax.eval_shape(first_step, problem.y0, tau0)
+    nbytes = tree_bytes(packed.arrays)
     t, batch, state = tuning(), max(problem.batch, 1), problem.state_bytes()
     return (
         nbytes <= t.pullback_states * state
         and t.pullback_min_bytes <= state * batch
-        and problem.max_steps * nbytes * batch <= limit
+        and problem.max_steps * (nbytes + tree_bytes(dense)) * batch <= limit
     )
 
 
@@ -239,7 +240,7 @@ def _checkpointed(
             rec = record
             if pullbacks:
                 take = step_with_pullback(problem, args_diff, need_dense)
-                rec = dataclasses.replace(record, take=take)
+                rec = dataclasses.replace(record, take=take, _pullback_layout=[])
             out = problem.forward(y0, problem.with_args(args_diff), (rec,))
             rec = out.record
             if out.events is not None:
@@ -298,6 +299,8 @@ def _checkpointed(
                 if pullbacks:
                     # the step's VJP from the forward pass; saves at plan.ts read its dense output
                     pullback, dense, event = x["pullback"].unpack(), x.get("dense", ()), ()
+                    if need_dense and "dense" not in x:  # (no save reads it: its shape alone)
+                        dense = jax.tree.map(lambda c: c[k], ct.dense[2])
                     save_row = jax.tree.map(lambda c: c[k], ct.steps_ys) if plan.steps else ()
                     vjp = lambda c: pullback((*c[:3], save_row))
                 elif keep_state:
