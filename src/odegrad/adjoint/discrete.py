@@ -50,11 +50,11 @@ class Discrete(AbstractAdjoint):
 
     Args:
         checkpoints: ``"all"`` keeps every step (on a grid known at trace time JAX's reverse
-            pass keeps what each step needs and nothing is recomputed; with a step count
-            known at run time (adaptive, or ``Fixed`` on a traced span) each step's residuals
-            are kept likewise where they are few (:func:`keeps_pullbacks`), else every step's
-            state, and each step's VJP re-evaluates that step's stages, none re-taken from an
-            earlier state); an int ``c`` keeps at most ``c`` states
+            pass keeps what each step needs and nothing is recomputed; ``Fixed`` on a traced
+            span keeps each step's residuals likewise where they are few
+            (:func:`keeps_pullbacks`); otherwise, and on an adaptive solve, every step's
+            state is kept, and each step's VJP re-evaluates that step's stages, none re-taken
+            from an earlier state); an int ``c`` keeps at most ``c`` states
             and recomputes the rest under Griewank's binomial (revolve) schedule,
             for fixed and adaptive solves alike (adaptive solves record their step sizes and the
             schedule is made at run time once the step count is known; the forward pass keeps
