@@ -103,10 +103,21 @@ def test_traced_span_keeps_the_step_vjps():
                     step=og.Fixed(T / STEPS), adjoint=og.Discrete("all"), max_steps=STEPS + 2,
                 )
             )  # fmt: skip
+        for max_steps in (STEPS + 2, 4096):  # og.Auto(): 168 KiB of states, 16 MiB
+            said.append(
+                og.explain_adjoint(
+                    wave(False), fields(), (0.0, t1), a, solver=og.SemiImplicitEuler(),
+                    step=og.Fixed(T / STEPS), max_steps=max_steps,
+                )
+            )  # fmt: skip
         return t1
 
     explain(1.3, T)
-    assert all(KEPT in text for text in said)
+    assert all(KEPT in text for text in said[:3])
+    assert "Auto chose Discrete(checkpoints='all')" in said[2]
+    # it cannot know that 4096 rows would be used: checkpoints, and the hint
+    assert "Auto chose Discrete(checkpoints=64)" in said[3] and KEPT not in said[3]
+    assert "Discrete('all') keeps every step's VJP instead" in said[3]
 
 
 def test_traced_span_under_vmap():

@@ -150,11 +150,16 @@ class Auto(AbstractAdjoint):
             return chosen, text
         chosen = Discrete(None, self.memory_budget)
         policy = chosen.policy(problem)
+        count = (
+            "an adaptive step count"
+            if adaptive
+            else "a fixed grid whose step count is known at run time"
+        )
         where = (
             f"{steps} steps known at trace time"
             if steps is not None
-            else f"an adaptive step count (at most max_steps={problem.max_steps}) and "
-            f"{n_in} > {forward_max} inputs, too many for forward sensitivities"
+            else f"{count} (at most max_steps={problem.max_steps}) and {n_in} > {forward_max} "
+            "inputs, too many for forward sensitivities"
         )
         text = (
             f"Auto chose Discrete(checkpoints={policy.checkpoints!r}) for {size} and {where}: "
