@@ -174,7 +174,7 @@ def keeps_pullbacks(problem: Problem, limit: int) -> bool:
     step sizes the controller picks between a solve and its gradient.
 
     Seed 004's wave, 64 x 64 float32, 2000 steps of a traced span: the gradient took 1.32x a
-    hand-written scan's replaying each step, 1.05x keeping the residuals."""
+    hand-written scan's replaying each step, 1.05-1.06x keeping the residuals."""
     from .._loop import RuntimeGrid
 
     solver = type(problem.solver)
