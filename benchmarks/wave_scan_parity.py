@@ -12,6 +12,8 @@ Contestants, all compiled ahead of time on ``(fields, t)`` and timed interleaved
 * ``odegrad StepTo(t)``: ``og.solve(..., step=og.StepTo(t), adjoint=og.Discrete("all"))``.
 * ``odegrad Fixed(dt), traced span``: ``t_span=(t[0], t[-1])``, ``og.Fixed(t[1] - t[0])`` with
   ``t`` a jit argument, as the seed's diffrax call is written (the step count is a run-time value).
+* ``odegrad Fixed(dt), traced span, Auto()``: the same with the default adjoint, which keeps
+  checkpoints there (it cannot know that the run fills the ``max_steps`` rows).
 * ``odegrad Fixed(dt), static span``: ``t_span`` and ``dt`` Python floats (step count static).
 * ``diffrax StepTo``: the seed's diffrax call with ``StepTo(t)`` and
   ``RecursiveCheckpointAdjoint(checkpoints=steps)``.
@@ -134,7 +136,7 @@ def make_scan(p: Wave, checkpoint: bool):
     return integrate
 
 
-def make_odegrad(p: Wave, step_kind: str, progress: bool = False):
+def make_odegrad(p: Wave, step_kind: str, progress: bool = False, auto: bool = False):
     import odegrad as og
 
     du, dv, sample = p.rhs()
@@ -154,7 +156,7 @@ def make_odegrad(p: Wave, step_kind: str, progress: bool = False):
             solver=og.SemiImplicitEuler(),
             step=step,
             saveat=og.SaveAt(steps=True, fn=sample),
-            adjoint=og.Discrete("all"),
+            adjoint=og.Auto() if auto else og.Discrete("all"),
             max_steps=p.steps,
             **({"progress": True} if progress else {}),
         )
@@ -199,6 +201,9 @@ def contestants(p: Wave, args) -> dict:
     if importlib.util.find_spec("odegrad") is not None:
         out["odegrad StepTo(t)"] = lambda: make_odegrad(p, "stepto")
         out["odegrad Fixed(dt), traced span"] = lambda: make_odegrad(p, "fixed-traced")
+        out["odegrad Fixed(dt), traced span, Auto()"] = lambda: make_odegrad(
+            p, "fixed-traced", auto=True
+        )
         out["odegrad Fixed(dt), static span"] = lambda: make_odegrad(p, "fixed-static")
         if args.progress:
             out["odegrad StepTo(t), progress=True"] = lambda: make_odegrad(p, "stepto", True)
