@@ -271,3 +271,24 @@ def test_batched_training_memory_counts_the_batch():
     # at 8 members every step is kept (1.5 MiB); kept at 1024 members too, it would grow 128x
     # (192 MiB); with the batch counted, 64 checkpoints and the step times take 65.5 MiB
     assert big < 0.5 * (1024 / 8) * small, f"{small / 2**20:.2f} -> {big / 2**20:.1f} MiB"
+
+
+def test_throw_costs_no_memory_under_vmap():
+    """The untaken failure branch of ``throw=True`` holds nothing per member: args the batch
+    shares (a 64 x 64 weight) reached its host callback broadcast to every member (the
+    width-256 MLP's train step at vmap 256: 141 MiB of temporary memory against 81 MiB)."""
+    weight = 0.1 * jnp.eye(64)
+    y0s = jnp.ones((128, 64)) * jnp.linspace(0.5, 1.5, 128)[:, None]
+    f = lambda t, y, w: -jnp.tanh(w @ y)
+
+    def temp(throw):
+        def loss(w):
+            solve = lambda y: og.solve(f, y, (0.0, 1.0), w, step=og.Fixed(0.25), throw=throw)
+            return jnp.sum(jax.vmap(solve)(y0s).ys ** 2)
+
+        compiled = jax.jit(jax.grad(loss)).lower(weight).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    checked, unchecked = temp(True), temp(False)
+    # broadcast, the weight alone would take 128 x 16 KiB = 2 MiB more
+    assert checked <= unchecked + 2**16, f"{checked / 2**20:.2f} / {unchecked / 2**20:.2f} MiB"
