@@ -89,17 +89,26 @@ class Discrete(AbstractAdjoint):
 
     def policy(self, problem: Problem) -> CheckpointPolicy:
         """The checkpoint decision and the sentence that explains it."""
+        budget = tuning().memory_budget if self.memory_budget is None else self.memory_budget
+        run_time = problem.static_steps is None
         if self.checkpoints is not None:
-            return CheckpointPolicy(self.checkpoints, f"checkpoints={self.checkpoints!r} as given")
+            # "all" asked for: the VJPs' rows may take the budget
+            pullbacks = self.checkpoints == "all" and run_time and keeps_pullbacks(problem, budget)
+            text = f"checkpoints={self.checkpoints!r} as given"
+            return CheckpointPolicy(self.checkpoints, text, pullbacks)
         per_step = problem.state_bytes()
-        if problem.static_steps is not None:  # what JAX's scan keeps of every step
+        if not run_time:  # what JAX's scan keeps of every step
             per_step *= problem.solver.step_residuals
         policy = checkpoint_policy(problem, per_step, self.memory_budget)
-        if problem.static_steps is not None:
+        if not run_time:
             return policy
-        if policy.checkpoints == "all" and keeps_pullbacks(problem, self._pullback_limit()):
-            return policy._replace(text=f"{policy.text}; {KEPT}, few per step")
-        if policy.checkpoints != "all" and keeps_pullbacks(problem, self._budget()):
+        if policy.checkpoints == "all":
+            # chosen for a buffer of states: the VJPs' rows may take what those may, since
+            # rows cost whether used or not (Tuning.adaptive_all_bytes)
+            if keeps_pullbacks(problem, min(budget, tuning().adaptive_all_bytes)):
+                return CheckpointPolicy("all", f"{policy.text}; {KEPT}, few per step", True)
+            return policy
+        if keeps_pullbacks(problem, budget):
             # The step count is known at run time only, and the max_steps rows cost whether
             # used or not (wave 64 x 64, 100 steps of 4096 rows: 13 -> 38 ms), so only the
             # user can say that they are used (seed 004, 2000 of 2000: 289 -> 152 ms)
@@ -110,25 +119,10 @@ class Discrete(AbstractAdjoint):
             )
         return policy
 
-    def _budget(self) -> int:
-        return tuning().memory_budget if self.memory_budget is None else self.memory_budget
-
-    def _pullback_limit(self) -> int:
-        """The most bytes a buffer of ``max_steps`` step VJPs may take (the whole batch): the
-        budget where ``"all"`` was asked for, what a buffer of states may take where the
-        policy chose it (``Tuning.adaptive_all_bytes``: its rows cost whether used or not)."""
-        if self.checkpoints == "all":
-            return self._budget()
-        return min(self._budget(), tuning().adaptive_all_bytes)
-
     def describe(self, problem: Problem) -> str:
-        checkpoints = self.resolve(problem)
-        text = f"Discrete(checkpoints={checkpoints!r}): step sizes held fixed"
-        if (
-            checkpoints == "all"
-            and problem.static_steps is None
-            and keeps_pullbacks(problem, self._pullback_limit())
-        ):
+        policy = self.policy(problem)
+        text = f"Discrete(checkpoints={policy.checkpoints!r}): step sizes held fixed"
+        if policy.pullbacks:
             text += f"; {KEPT}, no stage evaluated again"
         if problem.kinks and problem.static_steps is None:
             text += (
@@ -139,7 +133,8 @@ class Discrete(AbstractAdjoint):
         return text
 
     def run(self, problem: Problem) -> LoopOutput:
-        checkpoints = self.resolve(problem)
+        policy = self.policy(problem)
+        checkpoints = policy.checkpoints
         if problem.static_steps is not None and (
             checkpoints == "all" or checkpoints >= problem.static_steps
         ):
@@ -149,8 +144,7 @@ class Discrete(AbstractAdjoint):
         keep_state = checkpoints == "all" or not problem.solver.state_from_y
         if self.checkpoints is None and not keep_state:
             keep_state = problem.checkpoints_keep_state(int(checkpoints))
-        pullbacks = checkpoints == "all" and keeps_pullbacks(problem, self._pullback_limit())
-        return _checkpointed(problem, checkpoints, keep_state, pullbacks)
+        return _checkpointed(problem, checkpoints, keep_state, policy.pullbacks)
 
 
 def keeps_pullbacks(problem: Problem, limit: int) -> bool:

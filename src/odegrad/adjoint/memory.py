@@ -17,10 +17,13 @@ from .base import Problem
 
 
 class CheckpointPolicy(NamedTuple):
-    """The decision (``"all"`` or a number of checkpoints) and the sentence that explains it."""
+    """The decision (``"all"`` or a number of checkpoints) and the sentence that explains it;
+    ``pullbacks``: every step's VJP is kept rather than its state (``Discrete``'s
+    :func:`~odegrad.adjoint.discrete.keeps_pullbacks`)."""
 
     checkpoints: int | Literal["all"]
     text: str
+    pullbacks: bool = False
 
 
 def checkpoint_policy(
