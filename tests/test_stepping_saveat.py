@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -373,6 +374,30 @@ def test_blowup_fixed_traced_span_located_as_static(saveat, expected):
         return str(info.value).splitlines()[-1]
 
     assert message(True) == message(False)
+
+
+def test_blowup_located_under_nested_vmap():
+    """The error's host side locates a failure member by member, from the saved rows (a fixed
+    grid) or where the loop stopped (adaptive), with two batch axes, one of them only on
+    some operands (the span is batched over the outer axis alone): the first failing member
+    is reported where its own solve reports it."""
+    t1s = jnp.array([0.5, 2.0])
+    y0s = jnp.array([0.5, 1.0, 0.8])  # y' = y^2 blows up at 1 / y0: 2, 1, 1.25
+
+    def run(t1, y0, step):
+        return og.solve(blowup, y0, (0.0, t1), step=step, saveat=og.SaveAt(steps=True)).ys
+
+    for step in (og.Fixed(0.1), None):
+        batched = jax.jit(jax.vmap(jax.vmap(partial(run, step=step), (None, 0)), (0, None)))
+        with pytest.raises(Exception) as alone:
+            jax.block_until_ready(jax.jit(partial(run, step=step))(2.0, 1.0))
+        where = re.search(r"failed at t=\S+ \(step \d+", str(alone.value)).group(0)
+        with pytest.raises(Exception, match=re.escape(where) + r", batch member \(1, 1\) of a "
+                           r"batch of \(2, 3\); 2 members failed\)"):  # fmt: skip
+            jax.block_until_ready(batched(t1s, y0s))
+        ok = batched(jnp.array([0.5, 0.9]), y0s)  # every member finite: their own values
+        alone = run(0.9, 0.8, step)  # (the batch's rows run to max_steps, inf after the end)
+        np.testing.assert_allclose(ok[1, 2, : len(alone)], alone, rtol=1e-8)
 
 
 def test_blowup_fixed_traced_span_under_vmap():

@@ -4,7 +4,7 @@ Either makes the first step non-finite, and the loops report what follows: an ad
 rejects its steps at ``t0`` (a nan first step size stops it at once), a fixed grid runs on to
 ``t1``. Such a failure is recoded as ``Result.nonfinite_y0`` or ``Result.nonfinite_f0`` in
 branches taken only when a solve failed before its first accepted step (:func:`refined_result`
-for ``throw=False``, :func:`locate_start` in the error's branch), so a successful solve
+for ``throw=False``, :func:`failure_locator` in the error's branch), so a successful solve
 computes nothing for it; they evaluate ``f`` once. :func:`describe` words the error on the host
 from leaf paths fixed at trace time. A concrete ``y0`` is checked before anything runs
 (:func:`check_concrete_state`).
@@ -55,7 +55,7 @@ def refined_result(problem, out, y_start):
 
     ``y_start`` is ``y0`` as the loop left it for such a member: a while loop's final state
     (it never moved), a scan's ``y0``. ``f`` is evaluated in a branch taken only when some member
-    failed so (for ``throw=False``; with ``throw=True`` :func:`locate_start` does this in the
+    failed so (for ``throw=False``; with ``throw=True`` :func:`failure_locator` does this in the
     error's own branch)."""
     at_start = _failed_at_start(problem, out)
 
@@ -70,7 +70,7 @@ def refined_result(problem, out, y_start):
     return lax.cond(any_member(jnp.any(at_start)), recode, lambda: out.result)
 
 
-#: ``info`` of :func:`locate_start`, 8 ints: the first inf or nan of y0 and of f(t0, y0, args)
+#: ``info`` of :func:`failure_locator`, 8 ints: the first inf or nan of y0 and of f(t0, y0, args)
 #: as (flat index over all leaves, kind), of the array leaves of args as (leaf, flat index,
 #: kind), and the first non-finite array f closes over; -1 where none. Kind: 1 nan, 2 inf,
 #: 3 -inf.
@@ -91,7 +91,8 @@ def _first_entry(leaves) -> tuple[int, int, int]:
 
 
 def _locate_on_host(code, at_start, y, f0, arrays, consts):
-    """Host side of :func:`locate_start`, for every member (leading axes of ``code``)."""
+    """Host side of :func:`failure_locator` for ``y0`` and ``f(t0, y0, args)``, for every member
+    (leading axes of ``code``)."""
     code, at_start = np.asarray(code), np.asarray(at_start)
     batch = code.shape
 
@@ -118,41 +119,56 @@ def _locate_on_host(code, at_start, y, f0, arrays, consts):
     return out_code.astype(np.int32), info
 
 
-def locate_start(problem, out, y_start):
-    """``(code, info)`` for the error, to be traced only into its failure branch: the code of
-    :func:`refined_result` and where the inf or nan is (:data:`_INFO`), found on the host from
-    ``y0``, ``f(t0, y0, args)``, ``args`` and the arrays ``f`` closes over. The branch runs
-    ``f`` and one callback, a handful of operations that XLA:CPU pays for even untaken."""
-    at_start = _failed_at_start(problem, out)
-    values = (
-        jax.tree.leaves(y_start),
-        jax.tree.leaves(_initial_derivative(problem, y_start)),
-        list(problem.args[0]),
-        list(problem.args[1]),
-    )
-    return _locate_callback(out.result, at_start, values)
+def failure_locator(problem, out, y_start, t0):
+    """``(gather, locate)`` for :func:`~odegrad._solution.check_result`. ``gather()``, traced
+    only into the error's branch, takes the loop's output (its saved rows locate a non-finite
+    value), ``y0`` as the loop left it, ``f(t0, y0, args)`` (one evaluation of ``f``), the
+    array leaves of ``args`` and the arrays ``f`` closes over. ``locate`` finds on the host,
+    member by member, where the solve failed (:func:`~odegrad._loop.locate_failure` on NumPy
+    arrays) and whether ``y0`` or ``f(t0, y0, args)`` is at fault (:func:`_locate_on_host`):
+    the reductions that takes would cost XLA:CPU ~30 ms of compile time each in the program,
+    in a branch that a successful solve never runs."""
+    from ._loop import AT_STEP, locate_failure
 
+    # only what locating needs: each value the program would not compute otherwise (a step
+    # count, a row nobody reads) is a kernel more on every call (Lotka-Volterra: ~5 us in 70)
+    stats = {k: out.stats[k] for k in ("steps", "accepted")}
+    loop = out._replace(y1=None, dense=None, stats=stats, record={}, accumulated=None)
+    loop = loop._replace(events=None, h=None, resume=None)
+    if out.fail_t is not None:  # a checked loop says where it stopped: no rows to search
+        loop = loop._replace(t1=None, ts_ys=None, steps_ts=None, steps_ys=None)
+    grid = problem.grid
 
-@jax.custom_jvp
-def _locate_callback(result, at_start, values):
-    shapes = (
-        jax.ShapeDtypeStruct(jnp.shape(result), jnp.int32),
-        jax.ShapeDtypeStruct((*jnp.shape(result), _INFO), jnp.int32),
-    )
-    # "expand_dims": under vmap an unbatched operand (a network's weights in args) comes with
-    # leading axes of size 1 that the host broadcasts; "broadcast_all" copied it once per
-    # member in the program (width-256 MLP, vmap 256: 60 of the train step's 141 MiB of
-    # temporary memory, held by the untaken failure branch)
-    return jax.pure_callback(
-        _locate_on_host, shapes, result, at_start, *values, vmap_method="expand_dims"
-    )
+    def gather():
+        start = (
+            jax.tree.leaves(y_start),
+            jax.tree.leaves(_initial_derivative(problem, y_start)),
+            list(problem.args[0]),
+            list(problem.args[1]),
+        )
+        ran = (loop, problem.plan.ts, problem.tau0, t0, problem.direction)
+        return jax.tree.map(jnp.asarray, ran), start
 
+    def locate(ran, start):
+        nb = np.ndim(ran[0].result)  # the batch's axes: a member's result is a scalar
+        batch = np.broadcast_shapes(*(np.shape(x)[:nb] for x in jax.tree.leaves((ran, start))))
+        ran = jax.tree.map(lambda x: np.broadcast_to(x, batch + np.shape(x)[nb:]), ran)
+        out_, save_times, tau0, t0_, s = ran
+        tau, step, how = np.zeros(batch), np.zeros(batch, np.int64), np.zeros(batch, np.int64)
+        for i in np.ndindex(batch):
+            o, ts, tau0_i = jax.tree.map(lambda x: x[i], (out_, save_times, tau0))
+            tau[i], step[i], how[i] = locate_failure(o, grid, ts, tau0_i, xp=np)
+        code, info = _locate_on_host(out_.result, _failed_at_start(problem, out_), *start)
+        # a non-finite y0 or f(t0, y0, args) fails at the start, though a scan runs on
+        initial = code != out_.result
+        return (
+            np.where(initial, t0_, s * tau),
+            np.where(initial, 0, step),
+            code,
+            (info, np.where(initial, AT_STEP, how)),
+        )
 
-@_locate_callback.defjvp
-def _locate_callback_jvp(primals, tangents):
-    # integer outputs: nothing to differentiate (a pure callback has no JVP of its own)
-    out = _locate_callback(*primals)
-    return out, jax.tree.map(lambda o: np.zeros(o.shape, jax.dtypes.float0), out)
+    return gather, locate
 
 
 def leaf_paths(tree: PyTree) -> list[str]:
@@ -182,7 +198,7 @@ _FIX_NONFINITE = "check f and the initial state, or take smaller steps"
 
 def describe(problem, y0_user: PyTree, args_user: PyTree, saves_fn: bool = False):
     """``describe(code, info)`` for :func:`~odegrad._solution.check_result`: the error's body for
-    ``Result.nonfinite_y0`` and ``Result.nonfinite_f0`` from :func:`locate_start`'s ``info``
+    ``Result.nonfinite_y0`` and ``Result.nonfinite_f0`` from :func:`failure_locator`'s ``info``
     (one member's), and for ``Result.nonfinite`` where the loop ran on past it (``info``'s
     ``how``, :func:`~odegrad._loop.locate_failure`); ``None`` for other codes. Names and
     shapes are fixed here, at trace time. ``saves_fn``: the saves are ``SaveAt(fn)``'s, which

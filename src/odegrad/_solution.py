@@ -9,8 +9,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from ._batching import any_member
+from ._batching import any_member, max_member
+from ._tree import hoist_closure
 
 
 class Result(enum.IntEnum):
@@ -179,74 +181,118 @@ def _raise_first_failure(code, t, step, info=None, describe=None):
     )
 
 
-@partial(jax.custom_jvp, nondiff_argnums=(0,))
-def host_check(host, outputs, failed, *operands):
-    """``outputs`` unchanged; when ``failed`` (an unbatched bool) ``host(*operands)`` runs first
-    on the host (NumPy arrays), to raise or warn.
+def host_check(host, outputs, failed, *operands, prepare=None):
+    """``outputs`` unchanged; when ``failed`` (an unbatched bool) ``host(*prepare(*operands))``
+    runs first on the host (NumPy arrays, the batch's axes leading), to raise or warn.
+    ``prepare`` (default: the identity) is traced into the failure branch alone: device work
+    that only a failure needs.
 
-    ``jax.pure_callback`` rather than ``jax.debug.callback``: a program with an effect leaves
-    JAX's C++ dispatch path (measured: a tiny jitted function 5.5 -> 63 us per call), while a
-    pure callback in an untaken branch costs nothing. The outputs pass through the callback so
-    that the check cannot be dead-code eliminated, and come out of it unchanged when ``host``
-    only warns.
+    The branch gives a token (an int32 zero) that every output leaf is made to depend on
+    (:func:`_tie`): the check cannot be dead-code eliminated while any output is used, and the
+    outputs do not pass through the conditional (a ``lax.cond`` over a solve's outputs cost
+    XLA:CPU 0.09-0.15 s of compile time on seed 004's wave). ``jax.pure_callback`` rather than
+    ``jax.debug.callback``: a program with an effect leaves JAX's C++ dispatch path (measured:
+    a tiny jitted function 5.5 -> 63 us per call), while a pure callback in an untaken branch
+    costs nothing.
 
     Example:
         >>> y = host_check(lambda d: warnings.warn(f"drift {d}"), y, any_member(d > 1), d)
     """
-    struct = jax.eval_shape(lambda: outputs)
-
-    def fail(outputs_, operands_):
-        def run(outputs_, operands_):
-            host(*operands_)
-            return outputs_
-
-        return jax.pure_callback(run, struct, outputs_, operands_, vmap_method="expand_dims")
-
-    return jax.lax.cond(failed, fail, lambda outputs_, _: outputs_, outputs, operands)
+    return _host_check(host, prepare, outputs, failed, *operands)
 
 
-@host_check.defjvp
-def _host_check_jvp(host, primals, tangents):
-    # Under jax.grad the primal outputs are dead code, and the check with them. The tangents
-    # are scaled by a 1 that comes out of the same check: the reverse pass needs it, so the
-    # forward pass runs the check (one multiply per output entry).
-    _, *rest = primals
-    one = host_check(host, jnp.ones((), jnp.float32), *rest)
+@partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _failure_token(host, prepare, failed, *operands):
+    def fail(operands_):
+        prepared = operands_ if prepare is None else prepare(*operands_)
+
+        def run(probe, *prepared_):
+            host(*prepared_)
+            # under vmap the token has the batch's axes, which the probe (a scalar, with
+            # axes of size 1 added by "expand_dims") counts
+            batch = np.broadcast_shapes(
+                *(np.shape(x)[: np.ndim(probe)] for x in (probe, *jax.tree.leaves(prepared_)))
+            )
+            return np.zeros(batch, np.int32)
+
+        probe = jnp.zeros((), jnp.int32)
+        token = jax.ShapeDtypeStruct((), jnp.int32)
+        return jax.pure_callback(run, token, probe, *prepared, vmap_method="expand_dims")
+
+    return jax.lax.cond(failed, fail, lambda _: jnp.zeros((), jnp.int32), operands)
+
+
+@_failure_token.defjvp
+def _failure_token_jvp(host, prepare, primals, tangents):
+    # an integer: nothing to differentiate (a pure callback has no derivative rule of its own,
+    # and forward-over-reverse meets this one with tangents)
+    token = _failure_token(host, prepare, *primals)
+    return token, np.zeros(token.shape, jax.dtypes.float0)
+
+
+def _tie(outputs, token):
+    """``outputs``, each leaf made to depend on ``token`` (always 0) through its first entry,
+    which is kept: ``select(token == 0, entry, 0)`` written back in place. XLA removes an
+    optimization barrier before its last dead-code pass, and with it a check that no output
+    reads. The token is reduced over the batch (:func:`max_member`), so that an unbatched
+    output stays unbatched under ``vmap``."""
+    ok = max_member(token) == 0
+
+    def tie(x):
+        x = jnp.asarray(x)
+        if x.size == 0:
+            return x
+        first = lax.slice(x, (0,) * x.ndim, (1,) * x.ndim)
+        kept = jnp.where(ok, first, jnp.zeros_like(first))
+        return lax.dynamic_update_slice(x, kept, (0,) * x.ndim) if x.ndim else kept
+
+    return jax.tree.map(tie, outputs)
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(0, 1))
+def _host_check(host, prepare, outputs, failed, *operands):
+    return _tie(outputs, _failure_token(host, prepare, failed, *operands))
+
+
+@_host_check.defjvp
+def _host_check_jvp(host, prepare, primals, tangents):
+    # Under jax.grad the primal outputs are dead code, and their tie with them. The tangents
+    # are scaled by a 1 tied to the same token: the reverse pass needs it, so the forward pass
+    # runs the check (one multiply per output entry).
+    outputs, failed, *operands = primals
+    token = _failure_token(host, prepare, failed, *operands)
+    one = _tie(jnp.ones((), jnp.float32), token)
 
     def scale(dx):
         if dx.dtype == jax.dtypes.float0:
             return dx
         return dx * one.astype(dx.dtype)
 
-    return host_check(host, *primals), jax.tree.map(scale, tangents[0])
+    return _tie(outputs, token), jax.tree.map(scale, tangents[0])
 
 
-def check_result(outputs, result, locate, describe=None):
+def check_result(outputs, result, gather, locate, describe=None):
     """``outputs`` (any pytree of arrays), raising when ``result`` is not success.
 
-    ``locate()`` gives the failure's ``(t, step)``, or ``(t, step, code, info)``: the code to
-    report (``result`` made more precise) and a pytree of arrays from which ``describe(code,
-    info)`` (host side, NumPy) may word the error for the failing member instead of the code's
-    own message. It is traced only into the failure branch.
+    ``gather()``, traced only into the failure branch, gives what the host needs to word the
+    error: ``locate(*gather())`` (host side, NumPy arrays whose leading axes are the batch's,
+    ``result`` having none of its own) returns the failure's ``(t, step, code, info)``: the
+    code to report (``result`` made more precise) and a pytree of arrays from which
+    ``describe(code, info)`` may word the error for the failing member instead of the code's
+    own message. Finding where on the host keeps reductions out of the program.
 
     Free on a successful solve, also under ``jax.vmap`` (the branch predicate is reduced over
     the batch by :func:`any_member`); a failing member of a batch is named in the error."""
 
-    def located():
-        t, step, *rest = locate()
-        code, info = rest if rest else (result, None)
-        return jax.lax.stop_gradient(t), step, code, info
+    def raise_first(*gathered):
+        t, step, code, info = locate(*gathered)
+        _raise_first_failure(code, t, step, info, describe)
 
     if not isinstance(result, jax.core.Tracer):
-        if np.any(np.asarray(result) != 0):  # eager: locate() only on failure, as under jit
-            t, step, code, info = located()
-            _raise_first_failure(code, t, step, info, describe)
+        if np.any(np.asarray(result) != 0):  # eager: gather() only on failure, as under jit
+            raise_first(*jax.tree.map(np.asarray, gather()))
         return outputs
+    # what gather() closes over enters as operands (a derivative rule may not close over them)
+    gather, consts = hoist_closure(gather)
     failed = any_member(jnp.any(result != 0))
-
-    # locate() only runs in the failure branch: a branch of its own, then the raising one
-    shapes = jax.eval_shape(located)
-    placeholders = lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-    t, step, code, info = jax.lax.cond(failed, located, placeholders)
-    raise_first = partial(_raise_first_failure, describe=describe)
-    return host_check(raise_first, outputs, failed, code, t, step, info)
+    return host_check(raise_first, outputs, failed, *consts, prepare=gather)

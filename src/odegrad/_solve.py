@@ -18,11 +18,11 @@ from ._events import prepare as prepare_events
 from ._initial import (
     check_concrete_state,
     describe,
-    locate_start,
+    failure_locator,
     refined_result,
     state_names,
 )
-from ._loop import AT_STEP, RuntimeGrid, locate_failure
+from ._loop import RuntimeGrid
 from ._saveat import SaveAt, check_save_times, save_times_valid
 from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
@@ -160,19 +160,10 @@ def _solve(
     # than y0 keeps y0's buffer free for the loop to update in place.
     y_start = y0 if problem.runs_on else out.y1
     if throw:
-
-        def locate():
-            tau, step_, how = locate_failure(out, problem.grid, problem.plan.ts, problem.tau0)
-            code, info = locate_start(problem, out, y_start)
-            # a non-finite y0 or f(t0, y0, args) fails at the start, though a scan runs on
-            initial = code != out.result
-            how = jnp.where(initial, AT_STEP, how)
-            t_fail, step_fail = jnp.where(initial, t0, s * tau), jnp.where(initial, 0, step_)
-            return t_fail, step_fail, code, (info, how)
-
+        gather, locate = failure_locator(problem, out, y_start, t0)
         outputs = (ts, ys, out.stats, out.result, out.dense, out.events)
         words = describe(problem, y0_user, args, saveat.fn is not None)
-        outputs = check_result(outputs, out.result, locate, words)
+        outputs = check_result(outputs, out.result, gather, locate, words)
     else:
         outputs = (ts, ys, out.stats, refined_result(problem, out, y_start), out.dense, out.events)
     *outputs, log = outputs
