@@ -112,7 +112,7 @@ def run(problem, names, rounds, number):
         return (num / den) ** 0.5
 
     times = interleaved_medians(
-        {n: (lambda c=compiled[n]: c.fn(*args)) for n in names}, rounds, number, budget_s=20
+        {n: (lambda c=compiled[n]: c.call(*args)) for n in names}, rounds, number, budget_s=20
     )
     base = times["Auto"].median
     rows = [

@@ -275,8 +275,8 @@ def main(argv=None):
         loss, g = jax.device_get(grad[name].fn(*inputs))
         results[name] = (float(loss), np.asarray(g))
         steps[name] = "/".join(str(int(x)) for x in jax.device_get(jax.jit(make_stats())(s.params)))
-        calls[f"{name}|fwd"] = lambda c=fwd[name].fn: c(*inputs)
-        calls[f"{name}|grad"] = lambda c=grad[name].fn: c(*inputs)
+        calls[f"{name}|fwd"] = lambda c=fwd[name].call: c(*inputs)
+        calls[f"{name}|grad"] = lambda c=grad[name].call: c(*inputs)
 
     torch_runs = torch_contestants(s)
     for name, (forward, loss_and_grad, module) in torch_runs.items():

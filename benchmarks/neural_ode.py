@@ -487,7 +487,7 @@ def run_group(g: Group, rows: list, json_rows: list, errors: list) -> None:
         st = np.asarray(st)
         steps[name] = str(int(st)) if st.ndim == 0 else f"{int(st[0])} / {int(st.max())}"
         results[name] = (float(value), flat(grads))
-        calls[f"{name}|fwd"] = lambda c=fwd[name].fn: c(*inputs_f)
+        calls[f"{name}|fwd"] = lambda c=fwd[name].call: c(*inputs_f)
         calls[f"{name}|step"] = lambda ts=train_step: ts(g.model, g.y0s, g.target)
 
     torch_run = None if g.stacked else torch_contestant(g)

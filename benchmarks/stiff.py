@@ -367,8 +367,8 @@ def run_problem(prob, args):
         gnorm[name] = np.concatenate([np.ravel(x) for x in jax.tree.leaves(g)])
         solve, stats_of = make()
         steps[name] = stats_of(jax.jit(solve)(*inputs))
-        calls[f"{name}|fwd"] = lambda c=fwd[name].fn: c(*inputs)
-        calls[f"{name}|grad"] = lambda c=grad[name].fn: c(*inputs)
+        calls[f"{name}|fwd"] = lambda c=fwd[name].call: c(*inputs)
+        calls[f"{name}|grad"] = lambda c=grad[name].call: c(*inputs)
 
     if not args.no_scipy and importlib.util.find_spec("scipy") is not None:
         for name, run in scipy_runs(prob, not args.heavy).items():

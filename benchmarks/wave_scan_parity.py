@@ -258,8 +258,8 @@ def main(argv=None):
 
     calls = {}
     for name in makers:
-        calls[f"{name}|fwd"] = lambda c=fwd[name].fn: c(*inputs)
-        calls[f"{name}|grad"] = lambda c=grad[name].fn: c(*inputs)
+        calls[f"{name}|fwd"] = lambda c=fwd[name].call: c(*inputs)
+        calls[f"{name}|grad"] = lambda c=grad[name].call: c(*inputs)
     timing = interleaved_medians(calls, args.rounds, args.number, budget_s=args.budget)
     stat = (lambda t: t.median) if args.stat == "median" else (lambda t: t.best)
 
