@@ -29,12 +29,14 @@ _KINDS = {1: "nan", 2: "inf", 3: "-inf"}
 _FIX_Y0 = "check the inputs (y0 must be finite)"
 
 
-def _failed_at_start(problem, out):
+def _failed_at_start(problem, out, tau0):
     """Members that failed before their first accepted step (a scan, or a while loop that does
     not test each step, never stops: any of its ``nonfinite`` results)."""
     if problem.runs_on:
         return out.result == Result.nonfinite
-    return (out.result != Result.success) & (out.stats["accepted"] == 0)
+    # a checked loop's time moves with each accepted step, and only then: asking its time
+    # rather than its count of accepted steps spares the loop a counter on every step
+    return (out.result != Result.success) & (out.fail_t == tau0)
 
 
 def _initial_derivative(problem, y):
@@ -57,7 +59,7 @@ def refined_result(problem, out, y_start):
     (it never moved), a scan's ``y0``. ``f`` is evaluated in a branch taken only when some member
     failed so (for ``throw=False``; with ``throw=True`` :func:`failure_locator` does this in the
     error's own branch)."""
-    at_start = _failed_at_start(problem, out)
+    at_start = _failed_at_start(problem, out, problem.tau0)
 
     def recode():
         y_ok = _all_finite(y_start)
@@ -132,7 +134,7 @@ def failure_locator(problem, out, y_start, t0):
 
     # only what locating needs: the branch's operands are computed and kept on every call,
     # also where nothing else reads them (the rejected-step and evaluation counts, rows)
-    stats = {k: out.stats[k] for k in ("steps", "accepted")}
+    stats = {"steps": out.stats["steps"]}  # the loop's own count (max_steps)
     loop = out._replace(y1=None, dense=None, stats=stats, record={}, accumulated=None)
     loop = loop._replace(events=None, h=None, resume=None)
     if out.fail_t is not None:  # a checked loop says where it stopped: no rows to search
@@ -158,7 +160,7 @@ def failure_locator(problem, out, y_start, t0):
         for i in np.ndindex(batch):
             o, ts, tau0_i = jax.tree.map(lambda x: x[i], (out_, save_times, tau0))
             tau[i], step[i], how[i] = locate_failure(o, grid, ts, tau0_i, xp=np)
-        code, info = _locate_on_host(out_.result, _failed_at_start(problem, out_), *start)
+        code, info = _locate_on_host(out_.result, _failed_at_start(problem, out_, tau0), *start)
         # a non-finite y0 or f(t0, y0, args) fails at the start, though a scan runs on
         initial = code != out_.result
         return (
