@@ -459,6 +459,28 @@ def test_traced_empty_span_saves_y0(step, adjoint):
     np.testing.assert_allclose(got, (8.0, 4.0))
 
 
+@pytest.mark.parametrize("step", [og.Fixed(0.1), og.Adaptive()], ids=["fixed", "adaptive"])
+def test_traced_empty_span_dense_output_is_y0(step):
+    """``sol.evaluate`` of a span traced to t1 == t0 is y0 (it read an unwritten row: nan),
+    and its gradient is the identity in y0 and zero in args, also for a member of a vmap;
+    a non-empty member still interpolates (y0 exp(-k t), |y| = y here)."""
+
+    def at(t, t1, y0, k):
+        f = lambda t, y, k: -k * jnp.abs(y)
+        sol = og.solve(f, y0, (0.0, t1), k, step=step, saveat=og.SaveAt(dense=True))
+        return sol.evaluate(t)
+
+    y0 = jnp.array([1.0, 2.0])
+    np.testing.assert_array_equal(jax.jit(at)(0.0, 0.0, y0, 0.7), y0)
+    jac_y0, d_k = jax.jit(jax.jacrev(at, argnums=(2, 3)))(0.0, 0.0, y0, 0.7)
+    np.testing.assert_array_equal(jac_y0, np.eye(2))
+    np.testing.assert_array_equal(d_k, [0.0, 0.0])
+    t1s = jnp.array([0.0, 1.0])
+    got = jax.jit(jax.vmap(lambda t1: at(0.5 * t1, t1, y0, 0.7)))(t1s)
+    tol = 1e-5 if isinstance(step, og.Adaptive) else 1e-4
+    np.testing.assert_allclose(got, [y0, y0 * np.exp(-0.35)], rtol=tol)
+
+
 def test_traced_infinite_t1_takes_no_step():
     """A traced t1 = inf ran until max_steps; it takes no step and fails as invalid_t_span."""
     sol = jax.jit(lambda t1: og.solve(lambda t, y, a: jnp.ones_like(y), 1.0, (0.0, t1),

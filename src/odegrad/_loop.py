@@ -187,8 +187,10 @@ def _first_nonfinite(steps_rows, step_times, ts_rows, save_times, end_t, xp):
 
 def _saves_at_start(rows, plan: SavePlan, c: LoopState, setup: LoopSetup):
     """The saves at ``tau0`` when the loop accepted no step (a span traced to ``t1 == t0``, or a
-    failure at the start), which no step wrote: the state there is ``y0``."""
-    none_taken = c.acc == 0
+    failure at the start), which no step wrote: the state there is ``y0``. (The loop's time
+    moves with each accepted step: asking it rather than the count of accepted steps spares
+    the loop that counter where nothing else reads it.)"""
+    none_taken = c.t == setup.tau0
 
     def fill(rows):
         at_start = (plan.ts <= setup.tau0) & none_taken
@@ -545,12 +547,13 @@ def _recorders_for(plan: SavePlan, record: tuple[Recorder, ...], events) -> list
 
 
 def dense_evaluate(solver, dense, tau, side: str = "right", toward=None):
-    """The state at forward time ``tau`` from a loop's dense output ``(starts, sizes, data, n)``.
+    """The state at forward time ``tau`` from a loop's dense output ``(starts, sizes, data, n)``
+    (no step taken, ``n = 0``: meaningless, and finite).
 
     At a step boundary it reads the step that starts there (``side="right"``) or ends there
     (``"left"``: the state just before an event's jump); with ``toward``, the step on the side
     of that time (an integration over an interval passes its midpoint)."""
-    starts, sizes, data, n = dense
+    starts, sizes, data, n = dense[:4]
     # a few rows (a window of steps): one comparison each, no binary-search loop to compile
     method = "compare_all" if starts.shape[0] <= 16 else "scan"
     search = lambda side_: jnp.searchsorted(starts, tau, side=side_, method=method)
@@ -558,6 +561,8 @@ def dense_evaluate(solver, dense, tau, side: str = "right", toward=None):
         k = search(side) - 1
     else:
         k = jnp.where(toward < tau, search("left"), search("right")) - 1
-    k = jnp.clip(k, 0, n - 1)
+    # row 0 (zeros, size 1) where no step was taken: finite, so that the caller's select of
+    # y0 there (Solution.evaluate) passes no nan to a gradient
+    k = jnp.clip(k, 0, jnp.maximum(n - 1, 0))
     theta = (tau - starts[k]) / sizes[k]
     return solver.interpolate(jax.tree.map(lambda x: x[k], data), theta)

@@ -103,7 +103,7 @@ class Solution:
         self.stats = stats
         self.result = result
         self.events = events
-        self._dense = dense  # (step start times, step sizes, per-step dense data, n_steps)
+        self._dense = dense  # (step starts, step sizes, per-step dense data, n_steps, y0)
         self._solver = solver
         self._direction = direction
 
@@ -132,7 +132,10 @@ class Solution:
             return jax.vmap(self.evaluate)(t)
         from ._loop import dense_evaluate
 
-        return dense_evaluate(self._solver, self._dense, self._direction * t)
+        value = dense_evaluate(self._solver, self._dense, self._direction * t)
+        n, y_start = self._dense[3:]
+        # a span traced to t1 == t0 takes no step: the solution there is y0
+        return jax.tree.map(lambda v, y: jnp.where(n == 0, y, v), value, y_start)
 
     def __repr__(self) -> str:
         shapes = jax.tree.map(lambda x: getattr(x, "shape", x), self.ys)

@@ -159,13 +159,14 @@ def _solve(
     # A while loop that failed at t0 never moved: its final state is y0, and reading it rather
     # than y0 keeps y0's buffer free for the loop to update in place.
     y_start = y0 if problem.runs_on else out.y1
+    dense = None if out.dense is None else (*out.dense, y_start)  # y0 for an empty span
     if throw:
         gather, locate = failure_locator(problem, out, y_start, t0)
-        outputs = (ts, ys, out.stats, out.result, out.dense, out.events)
+        outputs = (ts, ys, out.stats, out.result, dense, out.events)
         words = describe(problem, y0_user, args, saveat.fn is not None)
         outputs = check_result(outputs, out.result, gather, locate, words)
     else:
-        outputs = (ts, ys, out.stats, refined_result(problem, out, y_start), out.dense, out.events)
+        outputs = (ts, ys, out.stats, refined_result(problem, out, y_start), dense, out.events)
     *outputs, log = outputs
     return Solution(*outputs, problem.solver, s, log)
 
