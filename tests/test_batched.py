@@ -225,6 +225,16 @@ def test_explain_and_run_share_the_policy():
         assert og.Discrete().resolve(_problem()) == 7
 
 
+def test_explain_counts_a_python_float_in_args():
+    """Under jax.grad a Python float in args is a traced parameter: explain_adjoint counts it
+    (it said 0 parameters, and Forward for 32 state entries, where grad ran Discrete)."""
+    y0 = jnp.ones(32)
+    text = og.explain_adjoint(_decay, y0, (0.0, 2.0), 0.5)
+    assert text == og.explain_adjoint(_decay, y0, (0.0, 2.0), jnp.asarray(0.5))
+    assert "1 differentiable parameters" in text and text.startswith("Auto chose Discrete")
+    assert og.explain_adjoint(_decay, y0[:31], (0.0, 2.0), 0.5).startswith("Auto chose Forward")
+
+
 def test_budget_counts_the_batch():
     """The same solve keeps every step alone, but checkpoints when vmapped over 4096 members
     (whose max_steps buffers would exceed the budget together)."""

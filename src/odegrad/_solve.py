@@ -288,7 +288,10 @@ def explain_adjoint(
 ) -> str:
     """Say which adjoint ``og.solve`` would use for this problem, and why, with the numbers.
 
-    Takes the arguments of :func:`solve` (``adjoint`` defaults to ``og.Auto()``).
+    Takes the arguments of :func:`solve` (``adjoint`` defaults to ``og.Auto()``), and explains
+    a gradient with respect to ``y0`` and every inexact leaf of ``args``, a Python float
+    included (under ``jax.grad`` it is traced). A solve under ``jax.grad`` counts only what is
+    traced: with a ``y0`` closed over as a constant it may choose otherwise.
 
     Example:
         >>> print(og.explain_adjoint(f, y0, (0.0, 10.0), args, step=og.Fixed(0.01)))
@@ -307,6 +310,10 @@ def explain_adjoint(
     if unknown:
         raise TypeError(f"explain_adjoint: unexpected arguments {sorted(unknown)}.")
     adjoint = solve_kwargs.get("adjoint") or Auto()
+    # A Python float in args is a constant to og.solve, and a traced parameter under jax.grad,
+    # which is what this explains: count it as one (else 32 state entries and a float would
+    # be explained as Forward's 32 inputs, and solved under grad as Discrete's 33).
+    args = jax.tree.map(lambda x: jnp.asarray(x) if type(x) in (float, complex) else x, args)
     problem, _ = _build_problem(
         f,
         y0,
