@@ -124,7 +124,9 @@ class Interpolating(_Continuous):
         budget = t.memory_budget if self.memory_budget is None else self.memory_budget
         if batch == 1:  # one trajectory: see Tuning.single_blocks_bytes
             budget = min(budget, t.single_blocks_bytes)
-        # the forward pass's last block and the backward pass's re-taken one, and the starts
+        # two blocks and the starts: as measured when the backward pass re-took blocks into
+        # a buffer of its own; it now writes over the forward pass's (one block allocated),
+        # and the thresholds were tuned (Tuning.single_blocks_bytes) with two
         return rows if (2 * rows * row + starts) * batch <= budget else None
 
     def run(self, problem: Problem) -> LoopOutput:

@@ -257,8 +257,9 @@ class DenseBlocks(_LocalDense):
         blocks = jnp.maximum(-(-n // rows), 1)
         r = jnp.arange(rows)
 
-        def retake(j):
-            """Block ``j``'s dense output, its steps re-taken from the state at its start."""
+        def retake(j, data, count):
+            """Block ``j``'s dense output, its first ``count`` steps re-taken from the state at
+            its start and written over ``data``."""
             first = j * rows
             x = jax.tree.map(lambda v: v[j], (keep["y"], keep["st"]))
 
@@ -268,16 +269,19 @@ class DenseBlocks(_LocalDense):
                 res = problem.step(starts[k], sizes[k], y, args, st, StepRecord.retried_at(keep, k))
                 return res.y1, res.state, tree_set_row(data, i, res.dense)
 
-            count = max_member(jnp.clip(n - first, 0, rows))
-            return lax.fori_loop(0, count, body, (*x, keep["ring"]))[2]
+            return lax.fori_loop(0, count, body, (*x, data))[2]
 
         def block(i, c):
+            c = dict(c)
             j = blocks - 1 - i  # each member's own blocks, last first
             active = j >= 0
             j = jnp.maximum(j, 0)
-            # the last block's dense output is the forward pass's (for every member)
-            data = lax.cond(i == 0, lambda: keep["ring"], lambda: retake(j))
             first = j * rows
+            # One buffer: it holds the forward pass's last block (every member's last), which
+            # the first crossing reads as it is, and each earlier block's steps are written
+            # over it (a second buffer of the block's size was measured as temp memory).
+            retaken = jnp.where(i == 0, 0, max_member(jnp.clip(n - first, 0, rows)))
+            data = retake(j, c.pop("ring"), retaken)
             count = jnp.clip(n - first, 1, rows)
             valid = r < count
             local = (
@@ -288,10 +292,15 @@ class DenseBlocks(_LocalDense):
             )
             lo, hi = starts[first], starts[jnp.minimum(first + count, m)]
             new = bwd.span({**c, "local": local}, lo, hi, j == 0)
-            new.pop("local")
-            return jax.tree.map(lambda a, b: jnp.where(active, a, b), new, c)
+            # the buffer as the crossing's loop passed it through: read after that loop
+            # otherwise, XLA would copy it into the loop
+            data = new.pop("local")[2]
+            new = jax.tree.map(lambda a, b: jnp.where(active, a, b), new, c)
+            return {**new, "ring": data}
 
-        return lax.fori_loop(0, max_member(blocks), block, carry)
+        out = lax.fori_loop(0, max_member(blocks), block, {**carry, "ring": keep["ring"]})
+        out.pop("ring")
+        return out
 
 
 @dataclass(frozen=True)
