@@ -241,13 +241,24 @@ class LoopState(NamedTuple):
     h: Any  # the step size to try next
     ratio_prev: Any  # the last accepted step's error ratio (PI control)
     n: Any  # steps attempted
-    acc: Any  # steps accepted
+    acc: Any  # steps accepted; None where every step taken is (an unchecked loop: ``n``)
     evals: Any  # rhs evaluations of all attempted steps
     result: Any
-    grid_k: Any = None  # a fixed grid: the point the next step aims at
+    grid_k: Any = None  # a checked fixed grid: the point the next step aims at (else n + 1)
     events: EventState | None = None
     reported: Any = None  # the progress bar's last report
     records: tuple = ()  # one carry per recorder
+
+    @property
+    def accepted(self):
+        """Steps accepted. An unchecked loop accepts every step it takes, and counts them once:
+        XLA keeps each carried counter, and its update is a kernel of its own on every step."""
+        return self.n if self.acc is None else self.acc
+
+    @property
+    def grid_point(self):
+        """The fixed grid's point the next step aims at."""
+        return self.n + 1 if self.grid_k is None else self.grid_k
 
 
 def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_guess=None):
@@ -329,6 +340,7 @@ def while_loop(
     )
     setup = LoopSetup(solver, f, args, s, tau0, y0, st0, max_steps, events)
     recorders = _recorders_for(plan, record, events)
+    checked = checks_each_step(control, events)
     c = LoopState(
         t=tau0,
         y=y0,
@@ -336,10 +348,10 @@ def while_loop(
         h=jnp.asarray(h0, tdtype),
         ratio_prev=jnp.asarray(1.0, tdtype),
         n=jnp.asarray(0),
-        acc=jnp.asarray(0),
+        acc=jnp.asarray(0) if checked else None,
         evals=jnp.asarray(0),
         result=jnp.asarray(int(Result.success), jnp.int32),
-        grid_k=None if adaptive else jnp.asarray(1),
+        grid_k=None if adaptive or not checked else jnp.asarray(1),
         events=None if events is None else EventState.init(events, s * tau0, y0, args),
         reported=None if progress is None else jnp.asarray(-1, jnp.int32),
         records=tuple(r.init(setup) for r in recorders),
@@ -352,10 +364,10 @@ def while_loop(
     def grid_step(c):
         """A fixed step: to the grid point it aims at (the end past the last one)."""
         if control.grid is not None:
-            target = control.grid[jnp.minimum(c.grid_k, control.n)]
+            target = control.grid[jnp.minimum(c.grid_point, control.n)]
         else:
-            target = tau0 + c.grid_k * h0
-        return jnp.where(c.grid_k >= control.n, tau1 - c.t, target - c.t)
+            target = tau0 + c.grid_point * h0
+        return jnp.where(c.grid_point >= control.n, tau1 - c.t, target - c.t)
 
     # Under vmap the loop runs while any member runs (an unbatched predicate), and a finished
     # member's body changes nothing: a batched predicate would make JAX select between the old
@@ -364,7 +376,6 @@ def while_loop(
         return any_member(running(c))
 
     ratio_sees_y1 = adaptive and type(control).error_ratio is Adaptive.error_ratio
-    checked = checks_each_step(control, events)
     # unchecked, a step is accepted wherever the loop runs: ``member_where`` is then free
     # outside vmap, and selects per member under it
     select = tree_where if checked else member_where
@@ -438,7 +449,7 @@ def while_loop(
             failed = failed | ev.overflow
             failure = jnp.where(ev.overflow, Result.max_events_reached, failure)
         grid_k = c.grid_k
-        if not adaptive:
+        if grid_k is not None:
             # an event ends a step early (the next resumes the grid) unless it fell on its end
             on_grid = accept if events is None else accept & ~(ev.fired & (ev.theta < 1))
             grid_k = c.grid_k + on_grid
@@ -458,7 +469,7 @@ def while_loop(
             ~accept & active if adaptive else False,
         )
         evals = evals + hook_evals
-        row = jnp.where(accept, c.acc, max_steps)  # out of range when rejected: no write
+        row = jnp.where(accept, c.accepted, max_steps)  # out of range when rejected: no write
         step = StepTaken(c.t, h, t_new, c.y, c.st, res, y_end, accept, row, ev, ev_row, pullback)
         t = jnp.where(accept, t_new, c.t)
         reported = c.reported
@@ -471,7 +482,7 @@ def while_loop(
             h=h_next,
             ratio_prev=ratio_prev,
             n=c.n + active,
-            acc=c.acc + accept.astype(c.acc.dtype),
+            acc=None if c.acc is None else c.acc + accept.astype(c.acc.dtype),
             evals=c.evals + jnp.where(active, evals, 0),
             result=jnp.where(failed, failure, c.result).astype(jnp.int32),
             grid_k=grid_k,
@@ -501,7 +512,7 @@ def while_loop(
         t1 = jnp.where(c.events.done, s * last_event, t1)
     dense = None
     if plan.dense:
-        dense = (outs["starts"][:-1], outs["sizes"], outs["dense"], c.acc)
+        dense = (outs["starts"][:-1], outs["sizes"], outs["dense"], c.accepted)
     kept = {}
     if "record" in outs:  # an adjoint's record: step times, and what it asked for
         kept = {"starts": outs["starts"], "sizes": outs["sizes"], **outs["record"]}
@@ -514,8 +525,8 @@ def while_loop(
         dense=dense,
         stats={
             "steps": c.n,
-            "accepted": c.acc,
-            "rejected": c.n - c.acc,
+            "accepted": c.accepted,
+            "rejected": c.n - c.accepted,
             "rhs_evals": init_evals + c.evals,
         },
         result=jnp.where(unfinished, Result.max_steps_reached, result).astype(jnp.int32),

@@ -248,4 +248,4 @@ class StepRecord(Recorder):
         kept = {k: v for k, v in state.items() if k != "pending"}
         if "pullback" in kept:
             kept["pullback"] = Packed(kept["pullback"], self._pullback_layout[0])
-        return {"record": {**kept, "n": final.acc}}
+        return {"record": {**kept, "n": final.accepted}}
