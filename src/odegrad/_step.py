@@ -214,6 +214,7 @@ class StepDecision(NamedTuple):
     h_next: Any  #: the next step size to try
     ratio: Any  #: the error ratio the next decision sees as the previous one
     underflow: Any  #: rejected, and the next step would fall below the floor (or is nan)
+    nonfinite: Any  #: ``y1`` (or, ``finite=None``, the error estimate) holds an inf or a nan
 
 
 def adapt_step(
@@ -232,6 +233,7 @@ def adapt_step(
     ``control`` may be a wrapper whose ``error_ratio`` sees part of the state (a seminorm).
     """
     ratio = lax.stop_gradient(control.error_ratio(error, y0, y1))
+    nonfinite = jnp.isnan(ratio) if finite is None else ~finite
     ok = jnp.isfinite(ratio) if finite is None else finite & jnp.isfinite(ratio)
     ratio = jnp.where(ok, ratio, jnp.inf)
     accept = ratio <= 1
@@ -240,4 +242,4 @@ def adapt_step(
     # a nan step size (from a non-finite y0 or f at t0) never compares below the floor: it
     # underflows too, rather than being retried until max_steps
     underflow = ~accept & ~(h_next >= h_min)
-    return StepDecision(accept, h_next, jnp.where(accept, ratio, ratio_prev), underflow)
+    return StepDecision(accept, h_next, jnp.where(accept, ratio, ratio_prev), underflow, nonfinite)
