@@ -338,3 +338,46 @@ def test_vmapped_gradient_on_kinks_matches_each_member():
         single = jax.jit(grad)(p, y0s[i])
         for b, s in zip(batched, single, strict=True):
             np.testing.assert_allclose(b[i], s, rtol=1e-6, atol=1e-7 * float(jnp.max(jnp.abs(s))))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known wrong gradient: f that jumps in value across a state-dependent surface (a "
+    "where whose branches differ there, sign, floor) needs the jump's term at the crossing "
+    "(the saltation matrix); every adjoint differentiates f pointwise and misses it",
+)
+@pytest.mark.parametrize("adjoint", [og.Auto(), og.Discrete()], ids=["auto", "discrete"])
+def test_value_jump_across_a_surface(adjoint):
+    """``dy/dt = -a`` while ``y > 1``, then ``-b``: from ``y0 = 3`` the crossing is at
+    ``tau = (y0 - 1) / a`` and ``y(T) = 1 - b (T - tau)``, so ``dy(T)/dy0 = b / a`` (0.5 here).
+    The gradients give 1 (the pointwise ``df/dy = 0``): the jump ``(-b) - (-a)`` times
+    ``dtau/dy0`` is missing."""
+    f = lambda t, y, p: jnp.where(y > 1.0, -p[0], -p[1])
+    p = jnp.array([2.0, 1.0])
+
+    def y_end(y0, p):
+        step = og.Adaptive(rtol=1e-10, atol=1e-10)
+        return og.solve(f, y0, (0.0, 2.0), p, step=step, adjoint=adjoint).ys[-1]
+
+    d_y0, d_p = jax.jit(jax.grad(y_end, argnums=(0, 1)))(3.0, p)
+    tau = (3.0 - 1.0) / 2.0
+    np.testing.assert_allclose(d_y0, 1.0 / 2.0, rtol=1e-6)
+    np.testing.assert_allclose(d_p, [-1.0 * tau / 2.0, -(2.0 - tau)], rtol=1e-6)
+
+
+def test_value_jump_split_at_an_event():
+    """The documented way around a jump in f's value: each side its own solve, joined at a
+    terminal event's time; the gradient is the analytic one of the test above."""
+    step = og.Adaptive(rtol=1e-10, atol=1e-10)
+
+    def y_end(y0, p):
+        hit = og.Event(lambda t, y, p: y - 1.0, direction=-1)
+        first = og.solve(lambda t, y, p: -p[0] * jnp.ones_like(y), y0, (0.0, 2.0), p, step=step,
+                         events=hit)  # fmt: skip
+        tau, y_tau = first.ts[-1], first.ys[-1]
+        f_after = lambda t, y, p: -p[1] * jnp.ones_like(y)
+        return og.solve(f_after, y_tau, (tau, 2.0), p, step=step).ys[-1]
+
+    d_y0, d_p = jax.jit(jax.grad(y_end, argnums=(0, 1)))(3.0, jnp.array([2.0, 1.0]))
+    np.testing.assert_allclose(d_y0, 0.5, rtol=1e-8)
+    np.testing.assert_allclose(d_p, [-0.5, -1.0], rtol=1e-8)
