@@ -202,6 +202,7 @@ def test_backsolve_across_saves_reports_drift(retune, propagator_steps):
     assert any(propagator_steps)
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_backsolve_drift_check_is_free_and_warns_with_its_gradient(monkeypatch):
     # the drift test calls the host only when a member drifted: no callback on the success
     # path (a debug callback there cost the vmapped neural ODE's step 112 -> 49 ms), and
@@ -250,6 +251,7 @@ def test_columns_on_a_kinked_field():
     assert_agree(gradients(kinked, og.Interpolating(), (16,)), 1e-5)
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_columns_with_terminal_event_and_save_at_its_time():
     # y0 rises through 6 at some t* near 2; a save lands exactly on t* (found first, then placed),
     # and the saves after it are inf rows that must take no part
@@ -314,6 +316,7 @@ def test_widest_value_reads_nested_jaxprs():
     assert widest_value(lambda y, w: jnp.tanh(y @ w.T), jnp.ones(128), w) == 128
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_saves_stop_the_backward_solve_once_f_is_wide(monkeypatch):
     # Tuning.column_width: a 10-entry state (past the propagator) whose f is narrow rides its
     # saves as columns; the same f judged wide stops at every save; both give the exact gradient

@@ -91,6 +91,7 @@ def test_non_holomorphic_rhs_against_finite_differences():
     np.testing.assert_allclose(g_psi.imag, -d_im, rtol=1e-6, atol=1e-8)  # JAX: dL/dx - i dL/dy
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_vmap_and_events_with_complex_state():
     grad_g = jax.grad(
         lambda g, psi0: jnp.sum(jnp.abs(og.solve(gross_pitaevskii, psi0, (0.0, 1.0), g).ys) ** 2)

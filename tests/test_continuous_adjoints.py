@@ -219,6 +219,7 @@ def test_heat_equation_vs_discrete(adjoint_name):
     assert e_k < 1e-5
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_heat_equation_backsolve_never_silently_wrong():
     ref = heat_grad("Discrete")(heat_y0(), HEAT_K)
     try:
@@ -433,6 +434,7 @@ def test_vmap_of_grad_equals_loop(rows):
     assert rel_err(looped[1], looped[0]) > 1e-3
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_one_trajectory_keeps_blocks_of_dense_output_when_every_step_does_not_fit(retune):
     """An adaptive solve whose ``max_steps`` rows of dense output pass ``adaptive_all_bytes``
     keeps blocks of steps (re-taken once each, one backward solve per block) while two blocks

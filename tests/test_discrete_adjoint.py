@@ -611,6 +611,7 @@ def test_pytree_state_closure_dict_args_fixed_vs_fd(checkpoints):
     assert jax.tree.structure(grads[2]) == jax.tree.structure(SEED_ARGS)
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_pytree_state_closure_dict_args_adaptive():
     (value, step_ts), grads = seed_vg(og.Adaptive(rtol=1e-8, atol=1e-8), 5)(
         SEED_Z, SEED_Y0, SEED_ARGS
@@ -774,6 +775,7 @@ def test_float32_fixed_close_to_float64(checkpoints):
     assert_close(out32, out64, 1e-4, f"float32 fixed checkpoints={checkpoints}")
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_float32_adaptive_close_to_float64():
     def loss(y0, p):
         sol = og.solve(
@@ -952,6 +954,7 @@ def test_adaptive_checkpoints_fewer_and_more_than_steps(checkpoints):
     assert_close(g, g_all, 1e-13, f"Discrete({checkpoints}) vs all")
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_adaptive_short_tail_under_vmap():
     """Members that step differently (24, 41 and 50 accepted steps); the batch follows its
     longest member: with 45 slots a short tail (6 steps, re-taken from the last kept state; the

@@ -521,6 +521,7 @@ def test_jacobian_reuse(monkeypatch, name):
             np.testing.assert_allclose(b, a, atol=1e-5 * scale, err_msg=repr(adjoint))
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_jacobian_reuse_under_vmap():
     """Vmapped, each member keeps or refreshes its own Jacobian (a fresh one is built only when
     some member needs it, and each member keeps its branch's): solutions and gradients equal the

@@ -281,6 +281,7 @@ def case_ensemble() -> dict:
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_sharded_stencils_exchange_halos_only():
     r = run_case("stencil", 4)
     assert r["max_rel"] < 1e-14, r

@@ -198,6 +198,7 @@ def test_power_iteration_restarts_from_a_broken_vector_and_keeps_float32_in_rang
     assert 0.7 < np.linalg.norm(u) < 1.3  # norm ~1: the first norm cannot overflow
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_replays_refresh_after_the_rejections_the_forward_loop_refreshed_after(retune):
     """Adjoints that replay steps from checkpoints (``Discrete(3)``, ``Interpolating(
     checkpoints=3)``) chain each step's state into the next; where the forward loop refreshed
@@ -342,6 +343,7 @@ def _heat_gradient(solver, adjoint, step):
     return jax.jit(jax.grad(loss, argnums=(0, 1)))(1.0, y0)
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_backward_intervals_resume_per_member_under_vmap():
     """Under vmap each member hands its own estimate from interval to interval: the batched
     gradient is each member's alone."""
@@ -363,6 +365,7 @@ def test_backward_intervals_resume_per_member_under_vmap():
     np.testing.assert_allclose(batched, [one(ai) for ai in a], rtol=1e-10)
 
 
+@pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_fixed_step_backward_solve_estimates_afresh_where_stiffness_grows():
     """On a fixed grid nothing rejects a backward step, so an estimate handed on from a less
     stiff interval would choose too few stages and diverge: fixed-step backward solves
