@@ -16,9 +16,15 @@ derivative::
     dy- = dz + f- dt*,     dy+ = u_t dt* + u_y dy- + u_p dp - f+ dt*
 
 (``f+ dt*`` moves the reference time back: a later event leaves the post-event solution less
-time). Its transpose is the adjoint's jump condition at the event, the same one that
-SciMLSensitivity applies at a ``ContinuousCallback``; every adjoint differentiates this one
-function, forward (``jax.jvp``) or backward (``jax.vjp``).
+time; without ``update``, ``u`` is the identity). ``f-`` and ``f+`` are ``f`` on either side of
+the surface, evaluated a few ulps away from it along the solution (:func:`_beside`): where
+``f`` itself jumps across the surface (``sign``, ``floor``, a ``where`` whose branches differ
+there), ``(f- - f+) dt*`` is the jump's saltation term, which ``f``'s pointwise derivative
+misses; an event placed on the surface is how a solve learns where it is. Its transpose is
+the adjoint's jump condition at the event, the same one that SciMLSensitivity applies at a
+``ContinuousCallback``; every adjoint differentiates this one function, forward (``jax.jvp``)
+or backward (``jax.vjp``). The continuous adjoints' backward solves also read ``f`` just
+inside each interval at its event ends (:class:`IntervalEnds`).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._batching import any_member
+from ._batching import any_member, member_cond
 from ._recorders import Recorder
 from ._tree import tree_fill_rows, tree_set_row
 
@@ -141,15 +147,28 @@ class EventSet:
         which = jnp.argmin(thetas)
         return thetas[which], which
 
-    def jump(self, which, t, z, args):
+    def jump(self, which, t, z, args, s):
         """``(t*, y-, y+)`` of event ``which`` at real time ``t`` from the state ``z`` there,
-        differentiable as the module docstring says."""
+        differentiable as the module docstring says (``s``: the solve's time direction)."""
         branches = [
-            (lambda t_, z_, a_, i=i: _jump(self, i, t_, z_, a_)) for i in range(len(self.conds))
+            (lambda t_, z_, a_, s_, i=i: _jump(self, i, t_, z_, a_, s_))
+            for i in range(len(self.conds))
         ]
         if len(branches) == 1:
-            return branches[0](t, z, args)
-        return lax.switch(which, branches, t, z, args)
+            return branches[0](t, z, args, s)
+        return lax.switch(which, branches, t, z, args, s)
+
+    def beside(self, which, t, y, args, s, before: bool):
+        """``(t', y')`` a few ulps before or after event ``which``'s crossing at ``(t, y)``,
+        strictly on that side of its surface (see :func:`_beside`; no derivative)."""
+        branches = [
+            (lambda t_, y_, i=i: _beside(self.f, self._cond(i), t_, y_, args, s, before))
+            for i in range(len(self.conds))
+        ]
+        return branches[0](t, y) if len(branches) == 1 else lax.switch(which, branches, t, y)
+
+    def _cond(self, i):
+        return lambda t, y, a: jnp.asarray(self.conds[i](t, y, a)).reshape(())
 
     def rate(self, which, t, y, args):
         """``d cond / dt`` of event ``which`` along the solution through ``(t, y)``."""
@@ -232,48 +251,146 @@ def _first_order_only_jvp(primals, tangents):
     raise NotImplementedError(SECOND_DERIVATIVES_THROUGH_EVENTS)
 
 
-def _jump(events: EventSet, i: int, t, z, args):
+def _jump(events: EventSet, i: int, t, z, args, s):
     """``(t, z, y+)`` with the derivative of the module docstring (``t`` is held fixed)."""
     update = events.updates[i]
     terminal = events.terminal[i]
 
     @jax.custom_jvp
-    def jump(t, z, args):
+    def jump(t, z, args, s):
         return t, z, (z if update is None else update(t, z, args))
 
     @jump.defjvp
     def jump_jvp(primals, tangents):
-        t, z, args = jax.tree.map(
+        t, z, args, s = jax.tree.map(
             lambda x: (
                 _first_order_only(x) if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x
             ),
             primals,
         )
-        _, dz, dargs = tangents
-        cond = lambda y, a: jnp.asarray(events.conds[i](t, y, a)).reshape(())
-        f_minus = events.f(t, z, args)
-        _, dg = jax.jvp(cond, (z, args), (dz, dargs))
-        # gdot = g_t + g_y f-: the rate at which cond crosses zero along the solution
-        _, gdot = jax.jvp(
-            lambda t_, y: jnp.asarray(events.conds[i](t_, y, args)).reshape(()),
-            (t, z),
-            (jnp.ones_like(t), f_minus),
-        )
+        _, dz, dargs, _ = tangents
+        cond = events._cond(i)
+        f_minus = events.f(*_beside(events.f, cond, t, z, args, s, before=True), args)
+        _, dg = jax.jvp(lambda y, a: cond(t, y, a), (z, args), (dz, dargs))
+        # gdot = g_t + g_y f-: the rate at which cond crosses zero along the arriving solution
+        _, gdot = jax.jvp(lambda t_, y: cond(t_, y, args), (t, z), (jnp.ones_like(t), f_minus))
         # a grazing crossing (gdot = 0) has no finite sensitivity; the guard keeps members of a
         # batch that did not fire (evaluated, then discarded) from putting nan into gradients
         dt = (-dg / jnp.where(gdot == 0, 1, gdot)).astype(jnp.result_type(t))
         dz_minus = jax.tree.map(lambda a, b: a + b * dt.astype(b.dtype), dz, f_minus)
-        if update is None:
-            y_plus, dy_plus = z, dz  # the solution passes through unchanged
-        else:
-            y_plus, du = jax.jvp(update, (t, z, args), (dt, dz_minus, dargs))
-            f_plus = events.f(t, y_plus, args)
-            dy_plus = jax.tree.map(lambda a, b: a - b * dt.astype(b.dtype), du, f_plus)
         if terminal:
-            dy_plus = dz_minus
+            return (t, z, z), (dt, dz_minus, dz_minus)
+        if update is None:
+            y_plus, dy_jump = z, dz_minus  # the solution passes through unchanged
+        else:
+            y_plus, dy_jump = jax.jvp(update, (t, z, args), (dt, dz_minus, dargs))
+        f_plus = events.f(*_beside(events.f, cond, t, y_plus, args, s, before=False), args)
+        dy_plus = jax.tree.map(lambda a, b: a - b * dt.astype(b.dtype), dy_jump, f_plus)
         return (t, z, y_plus), (dt, dz_minus, dy_plus)
 
-    return jump(t, z, args)
+    return jump(t, z, args, s)
+
+
+def _beside(f, cond, t, y, args, s, before: bool):
+    """``(t', y')``: a point on the solution a few ulps before (``before``) or after the
+    crossing of ``cond`` at ``(t, y)``, strictly on that side of the surface.
+
+    It is ``(t -+ s d, y -+ s d f(t, y))`` for the smallest ``d`` of ``d0 2^k`` (``d0`` a few
+    ulps of the time and of the state's scale over its speed) at which ``cond`` is strictly on
+    the wanted side: before, the side the solution arrives from (``cond``'s sign is minus that
+    of its rate in the solve's direction ``s``); after, the side it leaves to (``cond``'s own
+    sign at ``(t, y)`` when it is off the surface, else its rate's). Where no ``d`` up to
+    ``sqrt(eps)`` of the scale reaches that side (a grazing or sliding crossing), ``(t, y)``.
+    ``f`` there is ``f``'s value on that side, which a ``where`` on the surface itself cannot
+    tell apart.
+    """
+    t, y = lax.stop_gradient((t, y))
+    v = lax.stop_gradient(f(t, y, args))
+    g0, rate = jax.jvp(lambda t_, y_: cond(t_, y_, args), (t, y), (jnp.ones_like(t), v))
+    along = jnp.sign(s * rate)
+    want = -along if before else jnp.where(g0 != 0, jnp.sign(g0), along)
+    dtype = jnp.result_type(t)
+    eps = jnp.finfo(dtype).eps
+    y_max, v_max = (
+        jnp.max(jnp.stack([jnp.max(jnp.abs(x)).astype(dtype) for x in jax.tree.leaves(u)]))
+        for u in (y, v)
+    )
+    scale = jnp.abs(t) + y_max / jnp.where(v_max > 0, v_max, 1)
+    scale = jnp.where(scale > 0, scale, 1)
+
+    def probe(d):
+        dt = ((-1 if before else 1) * s * d).astype(dtype)
+        return t + dt, jax.tree.map(lambda a, b: a + b * dt.astype(b.dtype), y, v)
+
+    def beside(d):
+        g = cond(*probe(d), args)
+        return (g != 0) & (jnp.sign(g) == want)
+
+    d = lax.while_loop(
+        lambda d: ~beside(d) & (d < jnp.sqrt(eps) * scale), lambda d: 2 * d, 4 * eps * scale
+    )
+    found = beside(d) & (want != 0)
+    return jax.tree.map(lambda a, b: jnp.where(found, a, b), probe(d), (t, y))
+
+
+class IntervalEnds(NamedTuple):
+    """A backward interval ``[lo, hi]`` (forward time) whose ends may be events: the points
+    a few ulps inside it (:meth:`EventSet.beside`) that stand in for its ends. The backward
+    solve's first stage sits on ``hi`` and an explicit step's last on ``lo``; at an event
+    those states lie on the surface, where a ``where`` in ``f`` takes either side, so ``f`` and
+    its Jacobian there would be the other side's for a whole stage (5 % of ``dL/dp`` in
+    ``tests/test_kinks.py::test_value_jump_with_an_event``, Interpolating, Tsit5's first
+    stage weight 0.09 of a step of 0.5)."""
+
+    hi: Any
+    lo: Any
+    hi_event: Any
+    lo_event: Any
+    hi_point: Any  # (forward time, state) just inside hi
+    lo_point: Any
+
+    @staticmethod
+    def find(events: EventSet, log: EventLog, s, hi, lo, args) -> IntervalEnds:
+        tau = jnp.where(jnp.isfinite(log.ts), s * log.ts, jnp.inf)
+
+        def end(p, before):
+            hit = tau == p
+            row = jnp.argmax(hit)
+            which, t = log.which[row], log.ts[row]
+            z = jax.tree.map(lambda x: x[row], log.ys)
+
+            def inside(_):
+                y = z if before else events.jump(which, t, z, args, s)[2]
+                t_in, y_in = events.beside(which, t, y, args, s, before)
+                return s * t_in, y_in
+
+            return jnp.any(hit), member_cond(jnp.any(hit), inside, lambda _: (p, z), None)
+
+        (hi_event, hi_point), (lo_event, lo_point) = end(hi, True), end(lo, False)
+        return IntervalEnds(hi, lo, hi_event, lo_event, hi_point, lo_point)
+
+    def _masks(self, p):
+        # a backward step's last stage lands on lo to an ulp or so, not exactly
+        tol = 16 * jnp.finfo(jnp.result_type(p)).eps * (jnp.abs(self.hi) + self.hi - self.lo)
+        return (
+            self.hi_event & (jnp.abs(p - self.hi) <= tol),
+            self.lo_event & (jnp.abs(p - self.lo) <= tol),
+        )
+
+    def time(self, p):
+        at_hi, at_lo = self._masks(p)
+        return jnp.where(at_hi, self.hi_point[0], jnp.where(at_lo, self.lo_point[0], p))
+
+    def state(self, p, y):
+        """``y`` read at times ``p`` (leading axes of ``y``'s leaves, if ``p`` has any)."""
+        at_hi, at_lo = self._masks(p)
+
+        def pick(mask, new, old):
+            mask = mask.reshape(mask.shape + (1,) * (old.ndim - mask.ndim))
+            return jnp.where(mask, new.astype(old.dtype), old)
+
+        y = jax.tree.map(lambda n, o: pick(at_lo, n, o), self.lo_point[1], y)
+        return jax.tree.map(lambda n, o: pick(at_hi, n, o), self.hi_point[1], y)
 
 
 def prepare(events: Event | Sequence[Event] | None, max_events: int) -> tuple[Event, ...]:
@@ -400,7 +517,7 @@ def step_events(
         theta, which = events.locate(interpolate, s, t, h, args, before, after, crossed)
         theta = jnp.where(fired, theta, 1.0)  # members that did not fire compute, then discard
         tau = jnp.where(theta >= 1, t_end, t + theta * h)
-        t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args)
+        t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args, s)
         terminal = events.is_terminal(which)
         state = solver.init(f, s * tau, y_plus, args)
         # the event that fired restarts on cond = 0: it leaves with the sign of cond's rate

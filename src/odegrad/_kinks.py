@@ -110,6 +110,19 @@ def describe_kinks(kinks: Sequence[Kink], limit: int = 3) -> str:
     return shown + (f" and {more} more" if more > 0 else "")
 
 
+def jacobian_jumps(kinks: Sequence[Kink], events: Any = None) -> str:
+    """``f's Jacobian jumps (abs at model.py:12 (f))``, and without ``events`` what to do where
+    ``f``'s value jumps too: only an event on the surface locates the crossing, whose term
+    (the saltation matrix) no pointwise derivative of ``f`` holds."""
+    hint = ""
+    if events is None:
+        hint = (
+            "; where f's value jumps there too, only an og.Event on that surface gives the "
+            "gradient the crossing's term"
+        )
+    return f"f's Jacobian jumps ({describe_kinks(kinks)}{hint})"
+
+
 def _propagate(jaxpr, taint_in: Sequence[_Taint], opaque: bool, context) -> list[_Taint]:
     """Taints of ``jaxpr``'s outputs. ``opaque``: inside a custom VJP, whose derivative forward
     mode does not show, so non-smooth primal operations count as kinks themselves.

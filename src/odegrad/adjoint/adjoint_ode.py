@@ -39,6 +39,7 @@ import numpy as np
 from jax import lax
 
 from .._batching import any_member, max_member, member_cond
+from .._events import IntervalEnds
 from .._loop import LoopOutput, RuntimeGrid, locate_failure, while_loop
 from .._recorders import Accumulate
 from .._saving import SavePlan
@@ -258,11 +259,13 @@ class _Continuous(AbstractAdjoint):
                 ys = tree_where(moved, ys, y0_rows)
             saves, g0 = save_columns(problem, keep, ys, args_diff, ct, src.reintegrates)
 
-        def rhs_for(c, within):
+        def rhs_for(c, within, ends):
             """d(state)/dp for the backward state z = (a, g, src.carries) in forward time p."""
 
             def rhs(p, z, a_diff):
                 y = y_at({**c, **z}, p, within)  # z's own components are the ones at p
+                if ends is not None:
+                    p, y = ends.time(p), ends.state(p, y)
                 cy, ca = vjp(s * p, y, a_diff, z["a"])
                 out = {"a": tree_scale(-s, cy)}
                 if not g_by_steps:
@@ -270,6 +273,12 @@ class _Continuous(AbstractAdjoint):
                 return {**out, **src.rhs(f, problem, p, y, a_diff)}
 
             return rhs
+
+        def at_ends(ends, rates_):
+            """``rates_(y, p, ...)`` with the interval's event ends moved inside it."""
+            if ends is None:
+                return rates_
+            return lambda y, p, *rest: rates_(ends.state(p, y), ends.time(p), *rest)
 
         def rates(y, p, a, w, a_diff, with_g):
             """The columns' rates (see :class:`ColumnSolver`) at forward times ``p``."""
@@ -321,7 +330,9 @@ class _Continuous(AbstractAdjoint):
             which, z = log.which[row], jax.tree.map(lambda x: x[row], log.ys)
             ct_t, ct_y = problem.event_cotangent(row, log.which, ct)
             _, pull = jax.vjp(
-                lambda z_, a_: problem.events.jump(which, log.ts[row], z_, problem.with_args(a_)),
+                lambda z_, a_: problem.events.jump(
+                    which, log.ts[row], z_, problem.with_args(a_), problem.direction
+                ),
                 z,
                 args_diff,
             )
@@ -352,8 +363,12 @@ class _Continuous(AbstractAdjoint):
             if not g_by_steps:
                 z["g"] = c["g"]
             # (only events make the sides of a step boundary differ)
-            within = None if problem.events is None else 0.5 * (hi + lo)
-            rhs = rhs_for(c, within)
+            within = ends = None
+            if problem.events is not None:
+                within = 0.5 * (hi + lo)
+                with_args = problem.with_args(args_diff)
+                ends = IntervalEnds.find(problem.events, keep["events"], s, hi, lo, with_args)
+            rhs = rhs_for(c, within, ends)
             acc = quadrature_for(c, within) if self.quadrature else None
             solver = solver_b
             if columns:
@@ -365,14 +380,16 @@ class _Continuous(AbstractAdjoint):
                         saves,
                         path.n_saves,
                         reader,
-                        rates,
-                        state_rates,
+                        at_ends(ends, rates),
+                        at_ends(ends, state_rates),
                         lo,
                         reintegrate,
                         path.rows,
                     )
                 else:
-                    solver = ColumnSolver(solver_b, saves, path.n_columns, reader, rates, lo, nodes)
+                    solver = ColumnSolver(
+                        solver_b, saves, path.n_columns, reader, at_ends(ends, rates), lo, nodes
+                    )
                 # the column step computes its quadrature: its "dense output" is that sum
                 acc = (lambda t, dt, dense, a: dense) if g_by_steps else None
             adaptive = isinstance(control, Adaptive | _Seminorm)

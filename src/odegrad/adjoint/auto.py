@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import jax
 
-from .._kinks import describe_kinks
+from .._kinks import jacobian_jumps
 from .._loop import LoopOutput, RuntimeGrid
 from .._step import _is_concrete
 from .._tuning import tuning
@@ -98,7 +98,7 @@ class Auto(AbstractAdjoint):
             )
             if problem.kinks:
                 text += (
-                    f" Note: f's Jacobian jumps ({describe_kinks(problem.kinks)}): across a kink "
+                    f" Note: {jacobian_jumps(problem.kinks, problem.events)}: across a kink "
                     "this gradient may be off from the ODE's by about sqrt(tol); without dense "
                     "output Auto would choose an error-controlled method."
                 )
@@ -117,7 +117,7 @@ class Auto(AbstractAdjoint):
             else self.forward_max_inputs
         )
         kinks = problem.kinks
-        kinked = f"f's Jacobian jumps ({describe_kinks(kinks)})" if kinks else ""
+        kinked = jacobian_jumps(kinks, problem.events) if kinks else ""
         if steps is None and n_in <= forward_max:
             forward = Forward()
             controlled, how = forward.controls(problem)

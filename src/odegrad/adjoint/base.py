@@ -172,7 +172,7 @@ class Problem:
 
         def fired(_):
             z = solver.interpolate(res.dense, rec["theta"][k])
-            t_star, y_minus, y_plus = events.jump(which, s * starts[k + 1], z, args)
+            t_star, y_minus, y_plus = events.jump(which, s * starts[k + 1], z, args, s)
             return y_plus, self.init_state(y_plus, args, starts[k + 1]), (t_star, y_minus)
 
         def quiet(_):

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._batching import any_member
-from .._kinks import describe_kinks
+from .._kinks import jacobian_jumps
 from .._loop import LoopOutput
 from .._recorders import StepRecord
 from .._saving import saved_value, saves_gathered, saves_in_step
@@ -126,7 +126,7 @@ class Discrete(AbstractAdjoint):
             text += f"; {KEPT}, no stage evaluated again"
         if problem.kinks and problem.static_steps is None:
             text += (
-                f"; f's Jacobian jumps ({describe_kinks(problem.kinks)}), so this gradient of "
+                f"; {jacobian_jumps(problem.kinks, problem.events)}, so this gradient of "
                 "the adaptive solve may be off from the ODE's by about sqrt(tol): og.Auto() "
                 "would choose an error-controlled method"
             )

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from jax.custom_derivatives import CustomVJPPrimal
 from jax.flatten_util import ravel_pytree
 
-from .._kinks import describe_kinks
+from .._kinks import jacobian_jumps
 from .._loop import LoopOutput, RuntimeGrid
 from .._tree import tree_size
 from .base import (
@@ -77,8 +77,8 @@ class Forward(AbstractAdjoint):
             return True, "sensitivities under error control (control_sensitivities=True)"
         if problem.kinks:
             return True, (
-                f"sensitivities under error control, because f's Jacobian jumps "
-                f"({describe_kinks(problem.kinks)})"
+                "sensitivities under error control, because "
+                + jacobian_jumps(problem.kinks, problem.events)
             )
         return False, "steps held fixed: f is smooth, the derivative of the discretised solve"
 
