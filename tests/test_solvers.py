@@ -102,7 +102,8 @@ ORDER_CASES = {
     "BS3": (3, "forced", 4.0, (32, 64, 128, 256)),
     "Tsit5": (5, "forced", 4.0, (64, 128, 256, 512)),
     "Dopri5": (5, "forced", 4.0, (64, 128, 256, 512)),
-    "Dopri8": (8, "pendulum", 2.0, (4, 8, 16, 32, 64)),
+    # (64 steps reach 1e-13 against 32, the round-off window's edge)
+    "Dopri8": (8, "pendulum", 2.0, (4, 8, 16, 32)),
 }
 PARTITIONED_ORDER_CASES = {
     "SemiImplicitEuler": (1, 2.0, (64, 128, 256, 512)),

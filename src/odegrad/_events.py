@@ -296,11 +296,13 @@ def _beside(f, cond, t, y, args, s, before: bool):
     crossing of ``cond`` at ``(t, y)``, strictly on that side of the surface.
 
     It is ``(t -+ s d, y -+ s d f(t, y))`` for the smallest ``d`` of ``d0 2^k`` (``d0`` a few
-    ulps of the time and of the state's scale over its speed) at which ``cond`` is strictly on
+    ulps of the time and of the state's scale over its speed, or the linearised distance to
+    the surface if that is more) at which ``cond`` is strictly on
     the wanted side: before, the side the solution arrives from (``cond``'s sign is minus that
-    of its rate in the solve's direction ``s``); after, the side it leaves to (``cond``'s own
-    sign at ``(t, y)`` when it is off the surface, else its rate's). Where no ``d`` up to
-    ``sqrt(eps)`` of the scale reaches that side (a grazing or sliding crossing), ``(t, y)``.
+    of its rate in the solve's direction ``s``); after, the side it leaves to (its rate's sign,
+    as the loop restarts after an event). Where no ``d`` up to ``sqrt(eps)`` of the scale
+    reaches that side (a grazing or sliding crossing, an update that moves ``y`` off the
+    surface), ``(t, y)``.
     ``f`` there is ``f``'s value on that side, which a ``where`` on the surface itself cannot
     tell apart.
     """
@@ -308,7 +310,7 @@ def _beside(f, cond, t, y, args, s, before: bool):
     v = lax.stop_gradient(f(t, y, args))
     g0, rate = jax.jvp(lambda t_, y_: cond(t_, y_, args), (t, y), (jnp.ones_like(t), v))
     along = jnp.sign(s * rate)
-    want = -along if before else jnp.where(g0 != 0, jnp.sign(g0), along)
+    want = -along if before else along
     dtype = jnp.result_type(t)
     eps = jnp.finfo(dtype).eps
     y_max, v_max = (
@@ -326,10 +328,13 @@ def _beside(f, cond, t, y, args, s, before: bool):
         g = cond(*probe(d), args)
         return (g != 0) & (jnp.sign(g) == want)
 
-    d = lax.while_loop(
-        lambda d: ~beside(d) & (d < jnp.sqrt(eps) * scale), lambda d: 2 * d, 4 * eps * scale
-    )
-    found = beside(d) & (want != 0)
+    # from at least the linearised distance to the surface: a state away from it (a member of
+    # a batch that did not fire, evaluated and discarded) starts past the cap and stops at once
+    cap = jnp.sqrt(eps) * scale
+    to_surface = jnp.where(rate != 0, jnp.abs(g0) / jnp.where(rate != 0, jnp.abs(rate), 1), jnp.inf)
+    start = jnp.maximum(4 * eps * scale, to_surface.astype(dtype))
+    d = lax.while_loop(lambda d: ~beside(d) & (d < cap), lambda d: 2 * d, start)
+    found = beside(d) & (d <= 2 * cap) & (want != 0)
     return jax.tree.map(lambda a, b: jnp.where(found, a, b), probe(d), (t, y))
 
 
