@@ -297,14 +297,12 @@ def _beside(f, cond, t, y, args, s, before: bool):
 
     It is ``(t -+ s d, y -+ s d f(t, y))`` for the smallest ``d`` of ``d0 2^k`` (``d0`` a few
     ulps of the time and of the state's scale over its speed, or the linearised distance to
-    the surface if that is more) at which ``cond`` is strictly on
-    the wanted side: before, the side the solution arrives from (``cond``'s sign is minus that
-    of its rate in the solve's direction ``s``); after, the side it leaves to (its rate's sign,
-    as the loop restarts after an event). Where no ``d`` up to ``sqrt(eps)`` of the scale
-    reaches that side (a grazing or sliding crossing, an update that moves ``y`` off the
-    surface), ``(t, y)``.
-    ``f`` there is ``f``'s value on that side, which a ``where`` on the surface itself cannot
-    tell apart.
+    the surface if that is more) at which ``cond`` is strictly on the wanted side: before, the
+    side the solution arrives from (``cond``'s sign is minus that of its rate in the solve's
+    direction ``s``); after, the side it leaves to (its rate's sign, as the loop restarts after
+    an event). Where no ``d`` up to ``sqrt(eps)`` of the scale reaches that side (a grazing or
+    sliding crossing, an update that moves ``y`` off the surface), ``(t, y)``. ``f`` there is
+    ``f``'s value on that side, which a ``where`` on the surface itself cannot tell apart.
     """
     t, y = lax.stop_gradient((t, y))
     v = lax.stop_gradient(f(t, y, args))
