@@ -342,8 +342,8 @@ class IntervalEnds(NamedTuple):
     solve's first stage sits on ``hi`` and an explicit step's last on ``lo``; at an event
     those states lie on the surface, where a ``where`` in ``f`` takes either side, so ``f`` and
     its Jacobian there would be the other side's for a whole stage (5 % of ``dL/dp`` in
-    ``tests/test_kinks.py::test_value_jump_with_an_event``, Interpolating, Tsit5's first
-    stage weight 0.09 of a step of 0.5)."""
+    ``tests/test_kinks.py::test_value_jump_with_an_event``, Interpolating: Tsit5's first
+    stage weight 0.0965 times a backward step of ~1)."""
 
     hi: Any
     lo: Any
