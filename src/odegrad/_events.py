@@ -174,14 +174,12 @@ class EventSet:
         """``d cond / dt`` of event ``which`` along the solution through ``(t, y)``."""
         f = self.f(t, y, args)
 
-        def one(cond):
+        def one(i):
             return lambda: jax.jvp(
-                lambda t_, y_: jnp.asarray(cond(t_, y_, args)).reshape(()),
-                (t, y),
-                (jnp.ones_like(t), f),
+                lambda t_, y_: self._cond(i)(t_, y_, args), (t, y), (jnp.ones_like(t), f)
             )[1]
 
-        branches = [one(c) for c in self.conds]
+        branches = [one(i) for i in range(len(self.conds))]
         return branches[0]() if len(branches) == 1 else lax.switch(which, branches)
 
     def is_terminal(self, which):
@@ -371,6 +369,13 @@ class IntervalEnds(NamedTuple):
 
         (hi_event, hi_point), (lo_event, lo_point) = end(hi, True), end(lo, False)
         return IntervalEnds(hi, lo, hi_event, lo_event, hi_point, lo_point)
+
+    @staticmethod
+    def inside(ends: IntervalEnds | None, rates: Callable) -> Callable:
+        """``rates(y, p, ...)`` with the interval's event ends (if any) moved inside it."""
+        if ends is None:
+            return rates
+        return lambda y, p, *rest: rates(ends.state(p, y), ends.time(p), *rest)
 
     def _masks(self, p):
         # a backward step's last stage lands on lo to an ulp or so, not exactly

@@ -264,7 +264,7 @@ class _Continuous(AbstractAdjoint):
 
             def rhs(p, z, a_diff):
                 y = y_at({**c, **z}, p, within)  # z's own components are the ones at p
-                if ends is not None:
+                if ends is not None:  # (a select on the stages at the interval's ends)
                     p, y = ends.time(p), ends.state(p, y)
                 cy, ca = vjp(s * p, y, a_diff, z["a"])
                 out = {"a": tree_scale(-s, cy)}
@@ -273,12 +273,6 @@ class _Continuous(AbstractAdjoint):
                 return {**out, **src.rhs(f, problem, p, y, a_diff)}
 
             return rhs
-
-        def at_ends(ends, rates_):
-            """``rates_(y, p, ...)`` with the interval's event ends moved inside it."""
-            if ends is None:
-                return rates_
-            return lambda y, p, *rest: rates_(ends.state(p, y), ends.time(p), *rest)
 
         def rates(y, p, a, w, a_diff, with_g):
             """The columns' rates (see :class:`ColumnSolver`) at forward times ``p``."""
@@ -380,15 +374,21 @@ class _Continuous(AbstractAdjoint):
                         saves,
                         path.n_saves,
                         reader,
-                        at_ends(ends, rates),
-                        at_ends(ends, state_rates),
+                        IntervalEnds.inside(ends, rates),
+                        IntervalEnds.inside(ends, state_rates),
                         lo,
                         reintegrate,
                         path.rows,
                     )
                 else:
                     solver = ColumnSolver(
-                        solver_b, saves, path.n_columns, reader, at_ends(ends, rates), lo, nodes
+                        solver_b,
+                        saves,
+                        path.n_columns,
+                        reader,
+                        IntervalEnds.inside(ends, rates),
+                        lo,
+                        nodes,
                     )
                 # the column step computes its quadrature: its "dense output" is that sum
                 acc = (lambda t, dt, dense, a: dense) if g_by_steps else None
