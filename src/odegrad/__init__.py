@@ -7,6 +7,7 @@ from ._scaleout import ensemble
 from ._solution import Result, Solution
 from ._solve import explain_adjoint, solve
 from ._step import Adaptive, Fixed, StepTo
+from ._switches import switching_events
 from .adjoint import (
     AbstractAdjoint,
     Auto,
@@ -82,4 +83,5 @@ __all__ = [
     "solve",
     "solvers",
     "stencil",
+    "switching_events",
 ]

@@ -118,7 +118,7 @@ def jacobian_jumps(kinks: Sequence[Kink], events: Any = None) -> str:
     if events is None:
         hint = (
             "; where f's value jumps there too, only an og.Event on that surface gives the "
-            "gradient the crossing's term"
+            "gradient the crossing's term (og.switching_events(f, t0, y0, args) builds them)"
         )
     return f"f's Jacobian jumps ({describe_kinks(kinks)}{hint})"
 
