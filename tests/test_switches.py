@@ -86,7 +86,13 @@ def _infusion_exact(p, big_t):
     return rate / k * (1 - jnp.exp(-k * tau)) * jnp.exp(-k * (big_t - tau))
 
 
-@pytest.mark.parametrize("adjoint", list(ADJOINTS.values()), ids=list(ADJOINTS))
+@pytest.mark.parametrize(
+    "adjoint",
+    [
+        pytest.param(a, id=k, marks=[pytest.mark.slow] if k in ("backsolve", "quadrature") else [])
+        for k, a in ADJOINTS.items()
+    ],
+)  # Backsolve, Quadrature: Interpolating's event mechanism (all six: test_kinks.py)
 def test_infusion_stop_time(adjoint):
     """``dy(T)/dtau = rate exp(-k (T - tau))`` comes only from the crossing (pointwise,
     ``d f/d tau = 0``: without the event every adjoint gives 0). Vmapped over three stop times,

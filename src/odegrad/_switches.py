@@ -66,8 +66,9 @@ def switching_events(
 
     Comparisons of values that depend on neither ``t`` nor ``y`` (on parameters only) never
     switch during a solve and give no event; nor do equality tests (``==``, ``isnan``) or
-    comparisons inside ``lax.cond`` branches and loops (a Newton solve's stopping test).
-    Returns ``()`` when ``f`` has no switch.
+    comparisons inside ``lax.cond`` branches and loops (a Newton solve's stopping test, and
+    also ``jnp.searchsorted``'s: a table lookup ``data[jnp.searchsorted(ts, t)]`` needs its
+    events written by hand, e.g. ``t - ts[k]``). Returns ``()`` when ``f`` has no switch.
 
     Example:
         >>> f = lambda t, y, p: -p["k"] * y + jnp.where(t < p["tau"], p["rate"], 0.0)
