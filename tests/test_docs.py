@@ -100,3 +100,19 @@ def test_example_bouncing_ball():
         if "fitted" in line
     }
     assert abs(fitted["h0"] - 1.2) < 0.05 and abs(fitted["e"] - 0.8) < 0.03, out
+
+
+@pytest.mark.slow  # two fits, each compiled (about 20 s)
+def test_example_infusion():
+    """An infusion's stop time is fitted only with the events og.switching_events reads from
+    f's where; without them its gradient is 0 and it stays at the first guess."""
+    pytest.importorskip("optax")
+    out = _run_example("infusion.py")
+    with_events, without = out.split("without events:")
+    fitted = [
+        {ln.split()[0].rstrip(":"): float(ln.split()[2].rstrip(",")) for ln in part.splitlines()
+         if "fitted" in ln}
+        for part in (with_events, without)
+    ]  # fmt: skip
+    assert abs(fitted[0]["tau"] - 2.0) < 0.1 and abs(fitted[0]["k"] - 0.35) < 0.02, out
+    assert fitted[1]["tau"] == 1.2, out
