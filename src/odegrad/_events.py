@@ -117,6 +117,14 @@ class EventSet:
     directions: tuple
     f: Callable
     max_events: int
+    #: ``hold(f, t, y, args) -> f`` held on the sides of its switches at ``(t, y)`` for a step
+    #: (:func:`odegrad._switches.hold_switches`), where the events are ``f``'s own switches
+    hold: Callable | None = None
+
+    def held(self, f, t, y, args):
+        """``f`` for a step that starts at ``(t, y)`` (real time): its switches held there when
+        the events are its switching surfaces, else ``f`` itself."""
+        return f if self.hold is None else self.hold(f, t, y, args)
 
     def values(self, t, y, args):
         """Every event's ``cond`` at ``(t, y)``, as one array."""
@@ -527,7 +535,7 @@ def step_events(
         tau = jnp.where(theta >= 1, t_end, t + theta * h)
         t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args, s)
         terminal = events.is_terminal(which)
-        state = solver.init(f, s * tau, y_plus, args)
+        state = solver.init(events.held(f, s * tau, y_plus, args), s * tau, y_plus, args)
         # the event that fired restarts on cond = 0: it leaves with the sign of cond's rate
         # (times the step, as a scale for the next location), not a second firing at zero
         leaving = s * events.rate(which, s * tau, y_plus, args) * h

@@ -331,10 +331,11 @@ def while_loop(
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
+    held = (lambda t, y: f) if events is None else (lambda t, y: events.held(f, t, y, args))
     if resume is None:
-        st0, st_evals = solver.init(f, s * tau0, y0, args), solver.init_evals
+        st0, st_evals = solver.init(held(s * tau0, y0), s * tau0, y0, args), solver.init_evals
     else:
-        st0, st_evals = solver.init_from(f, s * tau0, y0, args, resume)
+        st0, st_evals = solver.init_from(held(s * tau0, y0), s * tau0, y0, args, resume)
     h0, init_evals, floor = _first_step(
         solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_guess
     )
@@ -393,7 +394,8 @@ def while_loop(
         last = h >= remaining
         t_new = jnp.where(last, tau1, c.t + h)
         if take is None:
-            res, pullback = solver.step(f, s * c.t, s * h, c.y, args, c.st), None
+            res = solver.step(held(s * c.t, c.y), s * c.t, s * h, c.y, args, c.st)
+            pullback = None
         else:
             res, pullback = take(c.t, h, t_new, c.y, c.st)
         # Adaptive's own error ratio is nan where y1 is not finite (rms_error_ratio): no pass

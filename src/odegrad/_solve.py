@@ -28,6 +28,7 @@ from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
 from ._solution import Result, Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
+from ._switches import switch_holder
 from ._times import may_differentiate_times, solve_with_time_derivatives
 from ._tracers import derivative_levels, differentiated
 from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays
@@ -273,7 +274,9 @@ def _build_problem(
         batch=batch,
         user_args=lambda a: user_args(a[0]),
         user_arrays=arrays_of,
-        events=_event_set(events, event_fns, f_args, solver.partitioned, max_events),
+        events=_event_set(
+            events, event_fns, f_args, solver.partitioned, max_events, (t0, y0, args_ext)
+        ),
     )
     ts_valid = save_times_valid(ts_tau, tau0, tau1)
     return problem, (saveat, s, t0, args_ext, y0, ts_valid, span_valid)
@@ -580,7 +583,7 @@ def _closure_convert_events(events, user_args, t0, y0, arrays):
     return tuple(fns), tuple(consts)
 
 
-def _event_set(events, event_fns, f_args, partitioned, max_events):
+def _event_set(events, event_fns, f_args, partitioned, max_events, example):
     if not events:
         return None
     if partitioned:
@@ -595,4 +598,5 @@ def _event_set(events, event_fns, f_args, partitioned, max_events):
         directions=tuple(int(e.direction) for e in events),
         f=full,
         max_events=int(max_events),
+        hold=None if partitioned else switch_holder(events, f_args, *example),
     )

@@ -17,6 +17,12 @@ section 8.5, "Events and Synchronization"): each comparison ``a < b`` (``gt``, `
 where they jump), ``round`` gives ``cos(pi x)``, ``rem(x, c)`` gives ``sin(pi x / c)``. With
 ``kinks=True`` the places where only ``f``'s slope jumps count too (``abs``, ``max``, ``min``,
 ``clamp``): an event there makes the step end on the kink, so even ``Discrete`` is exact there.
+
+With all of those events in a solve, each switch is also held for a whole step on the side the
+step starts on (:func:`hold_switches`): ``f`` inside a step is the smooth extension of its branch
+and the event ends the step at the crossing, so no step straddles the jump (which an explicit
+method accepts only once ``h`` is about ``tol / |f+ - f-|``: 36 rejected steps for one crossing
+at rtol 1e-8, none held).
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
+from ._batching import any_member, run_if
 from ._events import Event
 from ._kinks import _CALLS, _inexact, _is_literal, _location
 from ._tree import split_arrays
@@ -49,7 +57,9 @@ def switching_events(
 
     Pass them to :func:`odegrad.solve` as ``events=`` (with your own: ``events=(*found, hit)``)
     and every adjoint gets the term a jump in ``f``'s value contributes at each crossing (see the
-    module docstring). Each surface entry is one :class:`~odegrad.Event` (``terminal=False``,
+    module docstring), and each step holds ``f``'s branches as they are at its start, so that a
+    crossing ends a step rather than being straddled by many small ones (pass all of them:
+    a subset holds nothing). Each surface entry is one :class:`~odegrad.Event` (``terminal=False``,
     no ``update``): a ``where`` over a vector of ``n`` entries gives ``n``. A crossing is one
     row of ``sol.events``, so raise ``max_events`` in ``og.solve`` for solutions that cross often.
 
@@ -84,10 +94,10 @@ def switching_events(
     labels, uncovered = [], []
 
     def describe(t, y, a):
-        found, skipped = _walk_f(f, t, y, a, kinks)
-        labels.extend(label for _, label in found)
+        found, skipped, _ = _walk_f(f, t, y, a, kinks)
+        labels.extend(label for _, label, _ in found)
         uncovered.extend(skipped)
-        return [g for g, _ in found]
+        return [g for g, _, _ in found]
 
     arrays, rebuild, _ = split_arrays(args)  # strings, functions: not for eval_shape
     shapes = jax.eval_shape(lambda t, y, a: describe(t, y, rebuild(a)), t0, y0, arrays)
@@ -120,6 +130,24 @@ def switching_events(
     )
 
 
+def switch_holder(events, f, t0, y0, args) -> Callable | None:
+    """``hold(f, t, y, args)`` (see :func:`hold_switches`) where ``events`` hold every entry of
+    one :func:`switching_events` call, and ``f`` (the solve's right-hand side, its closure
+    hoisted into ``args``) has the same surfaces; else None. A switch held without an event on
+    its surface would never change branch, so a partial set holds nothing."""
+    entries = [e.cond for e in events if isinstance(e.cond, _SurfaceEntry)]
+    if not entries:
+        return None
+    first = entries[0]
+    same = all(e.f is first.f and e.kinks == first.kinks for e in entries)
+    if not same or sorted(e.index for e in entries) != list(range(first.total)):
+        return None
+    size = jax.eval_shape(lambda t, y, a: surface_values(f, t, y, a, first.kinks), t0, y0, args)
+    if size.shape != (first.total,):
+        return None
+    return lambda f_, t, y, a: hold_switches(f_, first.kinks, t, y, a)
+
+
 class _SurfaceEntry:
     """``cond(t, y, args)``: entry ``index`` of ``f``'s surfaces, all flattened in order."""
 
@@ -127,36 +155,78 @@ class _SurfaceEntry:
         self.f, self.kinks, self.index, self.total, self.label = f, kinks, index, total, label
 
     def __call__(self, t, y, args):
-        found, _ = _walk_f(self.f, t, y, args, self.kinks)
-        flat = [jnp.ravel(g) for g, _ in found]
-        if sum(v.size for v in flat) != self.total:  # f traced to a different program
+        values = surface_values(self.f, t, y, args, self.kinks)
+        if values.size != self.total:  # f traced to a different program
             raise RuntimeError(
-                f"og.switching_events: {self.label}: f has {sum(v.size for v in flat)} surface "
-                f"entries at these inputs' shapes, not the {self.total} it had when the events "
-                "were built; build them with the solve's own t0, y0 and args."
+                f"og.switching_events: {self.label}: f has {values.size} surface entries at "
+                f"these inputs' shapes, not the {self.total} it had when the events were "
+                "built; build them with the solve's own t0, y0 and args."
             )
-        dtype = jnp.result_type(*flat, t)
-        return jnp.concatenate([v.astype(dtype) for v in flat])[self.index]
+        return values[self.index]
 
     def __repr__(self) -> str:
         return f"switching surface {self.label}"
 
 
-def _walk_f(f, t, y, args, kinks: bool) -> tuple[list[tuple[Any, str]], list[str]]:
-    """``([(g, label), ...], uncovered)``: the surface values ``g`` of ``f`` at ``(t, y, args)``,
-    one array per switch, and the labels of state-dependent switches no surface describes."""
+def _walk_f(f, t, y, args, kinks: bool, sides=None):
+    """``([(g, label, scale), ...], uncovered, out)``: the surface values ``g`` of ``f`` at
+    ``(t, y, args)``, one array per switch, the labels of state-dependent switches no surface
+    describes, and ``f``'s output, with each switch held on the side ``sides`` gives (the
+    flattened surfaces' signs; 0: as ``f`` computes it) where ``sides`` is given."""
     arrays, rebuild, _ = split_arrays(args)
-    closed = jax.make_jaxpr(lambda t_, y_, a_: f(t_, y_, rebuild(a_)))(t, y, arrays)
+    closed, shape = jax.make_jaxpr(lambda t_, y_, a_: f(t_, y_, rebuild(a_)), return_shape=True)(
+        t, y, arrays
+    )
     leaves = [t, *jax.tree.leaves(y), *arrays]
     deps = [True] * (1 + len(jax.tree.leaves(y))) + [False] * len(arrays)
     found: list[tuple[Any, str]] = []
     uncovered: list[str] = []
-    _walk(closed.jaxpr, closed.consts, leaves, deps, kinks, (found, uncovered), {}, ("", ""))
-    return found, uncovered
+    seen: dict[Any, Any] = {"entries": 0, "sides": sides}
+    outs = _walk(closed.jaxpr, closed.consts, leaves, deps, kinks, (found, uncovered), seen,
+                 ("", ""))  # fmt: skip
+    return found, uncovered, jax.tree.unflatten(jax.tree.structure(shape), outs)
+
+
+def surface_values(f, t, y, args, kinks: bool, with_scale: bool = False):
+    """Every surface entry of ``f`` at ``(t, y, args)``, flattened in order, as one array (and
+    with ``with_scale`` the size of each entry's operands, ``|a| + |b|`` for ``a - b``)."""
+    found, _, _ = _walk_f(f, t, y, args, kinks)
+    dtype = jnp.result_type(*[g for g, _, _ in found], t)
+    flat = lambda k: jnp.concatenate([jnp.ravel(e[k]).astype(dtype) for e in found])
+    return (flat(0), flat(2)) if with_scale else flat(0)
+
+
+def hold_switches(f, kinks: bool, t0, y0, args):
+    """``f`` with each of its switches held, for one step, on the side the solution is on at
+    the step's start ``(t0, y0)``: the sign of its surface ``g`` there, or on the surface (a
+    restart after an event) the sign of ``g``'s rate along ``f``, the side the solution leaves
+    to. Modelica's tools hold their relations between events the same way (Modelica Language
+    Specification 3.6, 8.5): inside a step ``f`` is the smooth extension of its branch, and a
+    crossing ends the step at the event that changes the branch, so no step straddles a jump
+    (which an explicit method can take only at a step size of about ``tol / |f+ - f-|``).
+    """
+    t0, y0, args = lax.stop_gradient((t0, y0, args))
+    g, scale = surface_values(f, t0, y0, args, kinks, with_scale=True)
+
+    def along_f(rate):
+        tangent = (jnp.ones_like(t0), f(t0, y0, args))
+        return jax.jvp(lambda t, y: surface_values(f, t, y, args, kinks), (t0, y0), tangent)[1]
+
+    # Near the surface (an event's located state, which may lie a rounding error before it)
+    # the side is the one the solution moves to. That is the side the loop's events saw it
+    # cross to, while the sign of g, computed in another program, may round the other way and
+    # hold the old branch for a whole step that no event then ends. Moving toward the surface
+    # instead, the event fires within the near band, at once: a wide band costs at most an
+    # evaluation of f, never a wrong branch.
+    on = jnp.abs(g) <= jnp.sqrt(jnp.finfo(g.dtype).eps) * (scale + 1)
+    rate = run_if(any_member(jnp.any(on)), along_f, jnp.zeros_like(g))
+    sides = jnp.sign(jnp.where(on, rate, g))
+    return lambda t, y, a: _walk_f(f, t, y, a, kinks, sides)[2]
 
 
 def _walk(jaxpr, consts, values, deps, kinks, found, seen, context):
-    """Evaluate ``jaxpr``, appending ``(g, label)`` to ``found[0]`` for each switch on a value
+    """Evaluate ``jaxpr``, appending ``(g, label, scale)`` (``scale``: the size of ``g``'s
+    operands, for rounding) to ``found[0]`` for each switch on a value
     that depends on ``t`` or ``y`` (``deps``), and to ``found[1]`` the labels of the others.
     Calls holding a switch are evaluated inside; everything else is bound as it is. ``seen``
     keeps one surface per set of operands."""
@@ -181,11 +251,10 @@ def _walk(jaxpr, consts, values, deps, kinks, found, seen, context):
             outs = _walk(sub, getattr(inner, "consts", ()), vals, [d for _, d in ins], kinks,
                          found, seen, sub_context)  # fmt: skip
         else:
-            if dep:
-                _record(eqn, ins, kinks, found, seen, here)
+            held = _record(eqn, ins, kinks, found, seen, here) if dep else None
             outs = _bind(eqn, vals)
             if not eqn.primitive.multiple_results:
-                outs = [outs]
+                outs = [outs if held is None else held(outs)]
         for v, x in zip(eqn.outvars, outs, strict=True):
             env[v] = (x, dep)
     return [read(v)[0] for v in jaxpr.outvars]
@@ -202,7 +271,10 @@ def _bind(eqn, vals):
         return eqn.primitive.bind(*subfuns, *vals, **params)
 
 
-def _record(eqn, ins, kinks, found, seen, here) -> None:
+def _record(eqn, ins, kinks, found, seen, here):
+    """Record ``eqn``'s surface in ``found`` (once per set of operands, in ``seen``) and, where
+    ``seen["sides"]`` holds the surfaces' sides, return ``pointwise -> held``: its output with
+    the switch held on that side (None: nothing to hold)."""
     name = eqn.primitive.name
     vals = [x for x, _ in ins]
     # a kink inside a library function goes by its name (relu, clip), a comparison by its own
@@ -211,31 +283,64 @@ def _record(eqn, ins, kinks, found, seen, here) -> None:
     label = f"{op} at {here[1]}" if here[1] else op
     if name in _UNCOVERED:
         found[1].append(label)
-        return
+        return None
     if not any(map(_inexact, eqn.invars)):
-        return
-    keys = [_key(v, x) for v, x in zip(eqn.invars, vals, strict=True)]
+        return None
+    order = [_key(v, x) for v, x in zip(eqn.invars, vals, strict=True)]
+    size = [jnp.abs(x) for x in vals]
     if name in _RELATIONS or (kinks and name in ("max", "min")):
-        keys, g = sorted(keys), vals[0] - vals[1]
+        keys, g, scale = sorted(order[:2]), vals[0] - vals[1], size[0] + size[1]
     elif name == "sign" or (kinks and name == "abs"):
-        keys, g = sorted([keys[0], ("literal", 0.0)]), vals[0]
+        order = [order[0], ("literal", 0.0)]
+        keys, g, scale = sorted(order), vals[0], size[0]
     elif kinks and name == "clamp":  # clamp(lo, x, hi)
-        g = jnp.stack([vals[1] - vals[0], vals[1] - vals[2]])
+        keys, g = order, jnp.stack([vals[1] - vals[0], vals[1] - vals[2]])
+        scale = jnp.stack([size[1] + size[0], size[1] + size[2]])
     elif name in _STEPS and name != "sign":
         if name == "convert_element_type" and _inexact(eqn.outvars[0]):
-            return  # float to float: no jump
+            return None  # float to float: no jump
         x = vals[0] / vals[1] if name == "rem" else vals[0]
         g = jnp.cos(jnp.pi * x) if name == "round" else jnp.sin(jnp.pi * x)
+        keys, scale = order, jnp.ones_like(g)
     else:
-        return
+        return None
+    if name != "clamp":
+        shape = jnp.broadcast_shapes(*[jnp.shape(x) for x in vals])
+        g, scale = jnp.broadcast_to(g, shape), jnp.broadcast_to(scale, shape)
     # one event per surface: y > 1 in two wheres, or y < 1 beside it, is one crossing
     key = ("surface" if name in _RELATIONS | _KINKS - {"clamp"} | {"sign"} else name, *keys)
-    if key in seen:
-        return
-    seen[key] = True
-    if name != "clamp":
-        g = jnp.broadcast_to(g, jnp.broadcast_shapes(*[jnp.shape(x) for x in vals]))
-    found[0].append((g, label))
+    if key not in seen:
+        seen[key] = (seen["entries"], order[:2], jnp.shape(g))
+        seen["entries"] += math.prod(jnp.shape(g))
+        found[0].append((g, label, scale))
+    sides = seen["sides"]
+    if sides is None or name in _STEPS - {"sign"}:  # floor, round, ...: left as they are
+        return None
+    start, first_order, shape = seen[key]
+    side = sides[start : start + math.prod(shape)].reshape(shape)
+    if name != "clamp" and order[:2] != first_order:
+        side = -side  # g = b - a where the surface was first met as a - b
+    return lambda pointwise: _held(name, vals, side, pointwise)
+
+
+def _held(name, vals, side, pointwise):
+    """``name``'s output with its switch held on ``side`` (the sign of ``a - b``, ``x``, or for
+    ``clamp`` of ``(x - lo, x - hi)``), and ``pointwise`` where the side is 0."""
+    if name == "clamp":
+        lo, x, hi = vals
+        held = jnp.where(side[0] < 0, lo, jnp.where(side[1] > 0, hi, x))
+        return jnp.where((side[0] == 0) | (side[1] == 0), pointwise, held.astype(pointwise.dtype))
+    held = {
+        "gt": lambda: side > 0,
+        "ge": lambda: side > 0,
+        "lt": lambda: side < 0,
+        "le": lambda: side < 0,
+        "sign": lambda: side,
+        "abs": lambda: side * vals[0],
+        "max": lambda: jnp.where(side > 0, vals[0], vals[1]),
+        "min": lambda: jnp.where(side < 0, vals[0], vals[1]),
+    }[name]()
+    return jnp.where(side == 0, pointwise, jnp.asarray(held).astype(pointwise.dtype))
 
 
 def _key(var, value) -> tuple:
