@@ -170,6 +170,26 @@ def test_switches_held_for_each_step():
         np.testing.assert_allclose(grads["discrete"][k], want[k], rtol=1e-8)
 
 
+def test_auto_sees_held_switches_as_smooth():
+    """Held switches leave ``f`` smooth inside each step, so ``Auto`` no longer counts them as
+    kinks (and takes ``Forward`` on this small problem, whose held steps it differentiates
+    exactly); a ``relu`` left unheld (``kinks=False``) still counts, and with ``kinks=True``
+    it is held too."""
+    p = {"k": 0.7, "rate": 2.0, "tau": 1.2}
+    explain = lambda f, **kw: og.explain_adjoint(f, 0.0, (0.0, 3.0), p, **kw)
+    found = og.switching_events(_infusion, 0.0, 0.0, p)
+    assert explain(_infusion, events=found).startswith("Auto chose Forward()")
+    assert "Jacobian jumps" not in explain(_infusion, events=found)
+    by_hand = og.Event(lambda t, y, p: t - p["tau"], terminal=False)
+    assert "Jacobian jumps" in explain(_infusion, events=by_hand)
+    with_relu = lambda t, y, p: _infusion(t, y, p) - jax.nn.relu(y - 1.0)
+    assert "Jacobian jumps" in explain(
+        with_relu, events=og.switching_events(with_relu, 0.0, 0.0, p)
+    )
+    all_held = og.switching_events(with_relu, 0.0, 0.0, p, kinks=True)
+    assert "Jacobian jumps" not in explain(with_relu, events=all_held)
+
+
 def _jump_up(t, y, p):
     return jnp.where(y < 1.0, p[0], p[1])
 

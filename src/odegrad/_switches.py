@@ -27,6 +27,7 @@ at rtol 1e-8, none held).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ._batching import any_member, run_if
@@ -145,7 +147,24 @@ def switch_holder(events, f, t0, y0, args) -> Callable | None:
     size = jax.eval_shape(lambda t, y, a: surface_values(f, t, y, a, first.kinks), t0, y0, args)
     if size.shape != (first.total,):
         return None
-    return lambda f_, t, y, a: hold_switches(f_, first.kinks, t, y, a)
+    return SwitchHolder(first.kinks, first.total)
+
+
+class SwitchHolder:
+    """``holder(f, t, y, args)``: :func:`hold_switches` with these events' ``kinks``."""
+
+    def __init__(self, kinks: bool, total: int):
+        self.kinks, self.total = kinks, total
+
+    def __call__(self, f, t, y, args):
+        return hold_switches(f, self.kinks, t, y, args)
+
+    def between_events(self, f):
+        """``f`` with every held switch fixed: what a step sees, whose Jacobian no longer
+        jumps at those switches (for :func:`odegrad._kinks.find_kinks`, which then reports
+        only the others: ``floor``, a ``relu`` without ``kinks=True``, a switch in a loop)."""
+        fixed = np.ones((self.total,))  # concrete: the held branches alone, no dependence
+        return lambda t, y, a: _walk_f(f, t, y, a, self.kinks, fixed)[2]
 
 
 class _SurfaceEntry:
@@ -168,7 +187,7 @@ class _SurfaceEntry:
         return f"switching surface {self.label}"
 
 
-def _walk_f(f, t, y, args, kinks: bool, sides=None):
+def _walk_f(f, t, y, args, kinks: bool, sides=None) -> tuple[list, list[str], Any]:
     """``([(g, label, scale), ...], uncovered, out)``: the surface values ``g`` of ``f`` at
     ``(t, y, args)``, one array per switch, the labels of state-dependent switches no surface
     describes, and ``f``'s output, with each switch held on the side ``sides`` gives (the
@@ -179,7 +198,7 @@ def _walk_f(f, t, y, args, kinks: bool, sides=None):
     )
     leaves = [t, *jax.tree.leaves(y), *arrays]
     deps = [True] * (1 + len(jax.tree.leaves(y))) + [False] * len(arrays)
-    found: list[tuple[Any, str]] = []
+    found: list[tuple[Any, str, Any]] = []
     uncovered: list[str] = []
     seen: dict[Any, Any] = {"entries": 0, "sides": sides}
     outs = _walk(closed.jaxpr, closed.consts, leaves, deps, kinks, (found, uncovered), seen,
@@ -198,10 +217,12 @@ def surface_values(f, t, y, args, kinks: bool, with_scale: bool = False):
 
 def hold_switches(f, kinks: bool, t0, y0, args):
     """``f`` with each of its switches held, for one step, on the side the solution is on at
-    the step's start ``(t0, y0)``: the sign of its surface ``g`` there, or on the surface (a
-    restart after an event) the sign of ``g``'s rate along ``f``, the side the solution leaves
-    to. Modelica's tools hold their relations between events the same way (Modelica Language
-    Specification 3.6, 8.5): inside a step ``f`` is the smooth extension of its branch, and a
+    the step's start ``(t0, y0)``: the sign of its surface ``g`` there, or near the surface (a
+    restart after an event) the sign of ``g``'s rate along ``f``, the side the solution moves
+    to. A solution that slides along a surface (``f`` pushing into it from both sides) has no
+    such side; there the events chatter until ``max_events`` stops the solve. Modelica's
+    tools hold their relations between events the same way (Modelica Language Specification
+    3.6, 8.5): inside a step ``f`` is the smooth extension of its branch, and a
     crossing ends the step at the event that changes the branch, so no step straddles a jump
     (which an explicit method can take only at a step size of about ``tol / |f+ - f-|``).
     """
@@ -264,10 +285,16 @@ def _bind(eqn, vals):
     """``eqn``'s primitive applied to ``vals``, as ``jax.core.eval_jaxpr`` does it."""
     params = eqn.primitive.get_bind_params(eqn.params)
     subfuns, params = params if isinstance(params, tuple) else ((), params)  # jax < 0.7
-    manager = getattr(getattr(eqn, "ctx", None), "manager", None)
-    if manager is None:
-        return eqn.primitive.bind(*subfuns, *vals, **params)
-    with manager:
+    with contextlib.ExitStack() as stack:
+        manager = getattr(getattr(eqn, "ctx", None), "manager", None)
+        if manager is not None:
+            stack.enter_context(manager)
+        try:  # the user's source line on what this binds (explain_adjoint names it)
+            from jax._src import source_info_util
+
+            stack.enter_context(source_info_util.user_context(eqn.source_info.traceback))
+        except Exception:  # private API: the location is a courtesy
+            pass
         return eqn.primitive.bind(*subfuns, *vals, **params)
 
 
@@ -326,10 +353,16 @@ def _record(eqn, ins, kinks, found, seen, here):
 def _held(name, vals, side, pointwise):
     """``name``'s output with its switch held on ``side`` (the sign of ``a - b``, ``x``, or for
     ``clamp`` of ``(x - lo, x - hi)``), and ``pointwise`` where the side is 0."""
+    concrete = isinstance(side, np.ndarray) and bool(np.all(side != 0))
+    pick = (
+        (lambda zero, held: held)
+        if concrete
+        else (lambda zero, held: jnp.where(zero, pointwise, held))
+    )
     if name == "clamp":
         lo, x, hi = vals
         held = jnp.where(side[0] < 0, lo, jnp.where(side[1] > 0, hi, x))
-        return jnp.where((side[0] == 0) | (side[1] == 0), pointwise, held.astype(pointwise.dtype))
+        return pick((side[0] == 0) | (side[1] == 0), held.astype(pointwise.dtype))
     held = {
         "gt": lambda: side > 0,
         "ge": lambda: side > 0,
@@ -340,7 +373,7 @@ def _held(name, vals, side, pointwise):
         "max": lambda: jnp.where(side > 0, vals[0], vals[1]),
         "min": lambda: jnp.where(side < 0, vals[0], vals[1]),
     }[name]()
-    return jnp.where(side == 0, pointwise, jnp.asarray(held).astype(pointwise.dtype))
+    return pick(side == 0, jnp.asarray(held).astype(pointwise.dtype))
 
 
 def _key(var, value) -> tuple:
@@ -351,9 +384,15 @@ def _key(var, value) -> tuple:
 
 
 def _has_switch(jaxpr, kinks: bool) -> bool:
+    """Whether ``jaxpr`` (or a call in it) holds a switch: a call without one is bound whole,
+    its own derivative rule (``relu``'s, ``softplus``'s) kept."""
     wanted = _RELATIONS | _STEPS | _UNCOVERED | (_KINKS if kinks else frozenset())
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name in wanted:
+        name = eqn.primitive.name
+        if name == "convert_element_type":
+            if any(map(_inexact, eqn.invars)) and not _inexact(eqn.outvars[0]):
+                return True
+        elif name in wanted:
             return True
         if eqn.primitive.name in _CALLS:
             inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))

@@ -122,8 +122,11 @@ class Problem:
         (:func:`~odegrad._kinks.find_kinks`; read from the jaxpr, nothing runs)."""
         if self.solver.partitioned:  # f is a pair; its kinks are not looked for
             return ()
+        f = lambda t, y, a: self.f(t, y, self.with_args(a))
+        if self.events is not None and self.events.hold is not None:
+            f = self.events.hold.between_events(f)  # held switches: smooth inside each step
         return find_kinks(
-            lambda t, y, a: self.f(t, y, self.with_args(a)),
+            f,
             self.direction * self.tau0,
             self.y0,
             self.args_diff,
