@@ -121,6 +121,26 @@ class EventSet:
     #: (:func:`odegrad._switches.hold_switches`), where the events are ``f``'s own switches
     hold: Callable | None = None
 
+    @staticmethod
+    def build(events, event_fns, f, partitioned, max_events, hold=None) -> EventSet | None:
+        """The solve's :class:`Event` s with their ``(cond, update)`` on the solve's ``args``
+        (``event_fns``), ``f`` its right-hand side (a pair for a partitioned solver)."""
+        if not events:
+            return None
+        full = f
+        if partitioned:
+            f_u, f_v = f
+            full = lambda t, y, a: (f_u(t, y[1], a), f_v(t, y[0], a))
+        return EventSet(
+            conds=tuple(c for c, _ in event_fns),
+            updates=tuple(u for _, u in event_fns),
+            terminal=tuple(bool(e.terminal) for e in events),
+            directions=tuple(int(e.direction) for e in events),
+            f=full,
+            max_events=int(max_events),
+            hold=hold,
+        )
+
     def held(self, f, t, y, args):
         """``f`` for a step that starts at ``(t, y)`` (real time): its switches held there when
         the events are its switching surfaces, else ``f`` itself."""

@@ -255,6 +255,8 @@ def _build_problem(
     if isinstance(step, Adaptive) and hasattr(solver, "with_tolerances"):
         # implicit solvers stop their Newton iterations relative to the controller's tolerances
         solver = solver.with_tolerances(step.rtol, step.atol)
+    # og.switching_events' switches are held for each step (partitioned f: not read)
+    hold = None if solver.partitioned else switch_holder(events, f_args, t0, y0, args_ext)
     problem = Problem(
         solver=solver.with_user_args(lambda a: user_args(a[0])),
         f=f_args,
@@ -274,9 +276,7 @@ def _build_problem(
         batch=batch,
         user_args=lambda a: user_args(a[0]),
         user_arrays=arrays_of,
-        events=_event_set(
-            events, event_fns, f_args, solver.partitioned, max_events, (t0, y0, args_ext)
-        ),
+        events=EventSet.build(events, event_fns, f_args, solver.partitioned, max_events, hold),
     )
     ts_valid = save_times_valid(ts_tau, tau0, tau1)
     return problem, (saveat, s, t0, args_ext, y0, ts_valid, span_valid)
@@ -581,22 +581,3 @@ def _closure_convert_events(events, user_args, t0, y0, arrays):
         fns.append(tuple(pair))
         consts.append(tuple(pair_consts))
     return tuple(fns), tuple(consts)
-
-
-def _event_set(events, event_fns, f_args, partitioned, max_events, example):
-    if not events:
-        return None
-    if partitioned:
-        f_u, f_v = f_args
-        full = lambda t, y, a: (f_u(t, y[1], a), f_v(t, y[0], a))
-    else:
-        full = f_args
-    return EventSet(
-        conds=tuple(c for c, _ in event_fns),
-        updates=tuple(u for _, u in event_fns),
-        terminal=tuple(bool(e.terminal) for e in events),
-        directions=tuple(int(e.direction) for e in events),
-        f=full,
-        max_events=int(max_events),
-        hold=None if partitioned else switch_holder(events, f_args, *example),
-    )

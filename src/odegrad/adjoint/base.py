@@ -223,8 +223,7 @@ class Problem:
         s, solver = self.direction, self.solver
         if retried is not None:
             state = solver.after_step(self.f, s * tau, y, args, state, False, retried)[0]
-        f = self.f if self.events is None else self.events.held(self.f, s * tau, y, args)
-        res = solver.step(f, s * tau, s * h, y, args, state)
+        res = solver.step(self.f_held(s * tau, y, args), s * tau, s * h, y, args, state)
         # the end as the loop computes it (tau + h), so that a refresh sees the same time
         state = solver.after_step(self.f, s * (tau + h), res.y1, args, res.state, True, False)[0]
         return res._replace(state=solver.compact_state(state))
@@ -233,8 +232,12 @@ class Problem:
         """The solver's carried state at ``(tau, y)`` (default: the start), as adjoints
         checkpoint it."""
         t = self.direction * (self.tau0 if tau is None else tau)
-        f = self.f if self.events is None else self.events.held(self.f, t, y, args)
-        return self.solver.compact_state(self.solver.init(f, t, y, args))
+        return self.solver.compact_state(self.solver.init(self.f_held(t, y, args), t, y, args))
+
+    def f_held(self, t, y, args):
+        """``f`` for a step from ``(t, y)`` (real time), as the forward loop steps it: with
+        ``og.switching_events``' switches held there (:meth:`EventSet.held`)."""
+        return self.f if self.events is None else self.events.held(self.f, t, y, args)
 
     def state_bytes(self) -> int:
         """Bytes of one state plus the solver's carried state."""
