@@ -65,6 +65,8 @@ class Event:
     one step cancel. A solve that starts on ``cond == 0`` does not fire at its start. After an
     event the solve restarts on ``cond == 0``; the sign it leaves with is that of ``cond``'s
     rate of change there, so a ball that bounces and falls back within one step still fires.
+    A ``cond`` that changes sign by a jump (``t % P - d`` at ``t = P``) fires there once; its
+    event time is differentiated through the jump's own surface (the ``rem`` in it).
 
     Example:
         >>> hit = og.Event(lambda t, y, args: y[0], direction=-1)   # height falls to zero
@@ -141,10 +143,11 @@ class EventSet:
             hold=hold,
         )
 
-    def held(self, f, t, y, args):
-        """``f`` for a step that starts at ``(t, y)`` (real time): its switches held there when
-        the events are its switching surfaces, else ``f`` itself."""
-        return f if self.hold is None else self.hold(f, t, y, args)
+    def held(self, f, t, y, args, direction):
+        """``f`` for a step that starts at ``(t, y)`` (real time) and moves in ``direction``
+        (+1 or -1, in real time): its switches held there on the side it moves into when the
+        events are its switching surfaces, else ``f`` itself."""
+        return f if self.hold is None else self.hold(f, t, y, args, direction)
 
     def values(self, t, y, args):
         """Every event's ``cond`` at ``(t, y)``, as one array."""
@@ -160,20 +163,34 @@ class EventSet:
 
     def locate(self, interpolate, s, t, h, args, before, after, crossed):
         """``(theta, which)``: where in the step ``tau = t + theta h`` the earliest crossing is
-        (``theta`` in ``(0, 1]``; ``inf`` with none) and which event it is."""
-        thetas = []
+        (``theta`` in ``(0, 1]``; ``inf`` with none) and which event it is.
+
+        A ``cond`` may change sign by a jump rather than through zero (``rem(t, P) - d`` at
+        ``t = P``, where ``rem`` itself jumps): that is no surface, and its implicit-function
+        derivative would be wrong. Where such a jump and a true zero of another event fall at
+        the same place (``og.switching_events`` puts one on the ``rem``), the true zero fires,
+        at the latest of their located times."""
+        thetas, zeros = [], []
+        band = jnp.sqrt(jnp.finfo(jnp.result_type(before)).eps)
         for i, cond in enumerate(self.conds):
 
             def g(theta, cond=cond):
                 y = interpolate(theta)
                 return jnp.asarray(cond(s * (t + theta * h), y, args)).reshape(())
 
-            thetas.append(
-                jnp.where(crossed[i], _illinois(g, before[i], after[i], crossed[i]), jnp.inf)
-            )
-        thetas = jnp.stack(thetas)
-        which = jnp.argmin(thetas)
-        return thetas[which], which
+            theta = _illinois(g, before[i], after[i], crossed[i])
+            thetas.append(jnp.where(crossed[i], theta, jnp.inf))
+            zeros.append(jnp.abs(g(theta)) <= band * (jnp.abs(before[i]) + jnp.abs(after[i])))
+        thetas, zeros = jnp.stack(thetas), jnp.stack(zeros)
+        first = jnp.min(thetas)
+        # (tied to a few ulps of the time, not of theta: a short step late in a long solve)
+        eps = jnp.finfo(thetas.dtype).eps
+        tied = thetas <= first + 16 * eps * (1 + jnp.abs(t) / jnp.maximum(jnp.abs(h), eps))
+        which = jnp.where(jnp.any(tied & zeros), jnp.argmax(tied & zeros), jnp.argmin(thetas))
+        # the step ends past every tied crossing (an ulp apart): a rem's exact zero at t = P lies
+        # before its jump when the solve runs backward in time, and its relation's jump would
+        # fire again an ulp after the restart
+        return jnp.max(jnp.where(tied, thetas, -jnp.inf)), which
 
     def jump(self, which, t, z, args, s):
         """``(t*, y-, y+)`` of event ``which`` at real time ``t`` from the state ``z`` there,
@@ -297,9 +314,10 @@ def _jump(events: EventSet, i: int, t, z, args, s):
         _, dz, dargs, _ = tangents
         cond = events._cond(i)
         f_minus = events.f(*_beside(events.f, cond, t, z, args, s, before=True), args)
-        _, dg = jax.jvp(lambda y, a: cond(t, y, a), (z, args), (dz, dargs))
+        g, dg = jax.jvp(lambda y, a: cond(t, y, a), (z, args), (dz, dargs))
         # gdot = g_t + g_y f-: the rate at which cond crosses zero along the arriving solution
         _, gdot = jax.jvp(lambda t_, y: cond(t_, y, args), (t, z), (jnp.ones_like(t), f_minus))
+        dg, gdot = _timed_by_its_jump(cond, t, z, args, dz, dargs, f_minus, g, dg, gdot)
         # a grazing crossing (gdot = 0) has no finite sensitivity; the guard keeps members of a
         # batch that did not fire (evaluated, then discarded) from putting nan into gradients
         dt = (-dg / jnp.where(gdot == 0, 1, gdot)).astype(jnp.result_type(t))
@@ -317,6 +335,24 @@ def _jump(events: EventSet, i: int, t, z, args, s):
     return jump(t, z, args, s)
 
 
+def _timed_by_its_jump(cond, t, z, args, dz, dargs, f_minus, g, dg, gdot):
+    """``(dg, gdot)`` of the function whose zero the event time is: ``cond``'s own, or where
+    ``cond`` changed sign by a jump of a ``rem``/``floor``/... in it (``rem(t, P) - d`` at
+    ``t = P``), that jump's surface (the nearer zero in time), whose derivative the event time
+    then has: ``d(t*)/dP = 1``, ``d(t*)/dd = 0`` there, where ``cond``'s would give ``0, 1``."""
+    from ._switches import jump_surfaces  # (which builds on this module)
+
+    if jump_surfaces(cond, t, z, args) is None:  # (trace time: cond has no such jump)
+        return dg, gdot
+    jumps = lambda t_, y_, a_: jump_surfaces(cond, t_, y_, a_)
+    j, dj = jax.jvp(lambda y, a: jumps(t, y, a), (z, args), (dz, dargs))
+    _, jdot = jax.jvp(lambda t_, y: jumps(t_, y, args), (t, z), (jnp.ones_like(t), f_minus))
+    away = lambda v, rate: jnp.abs(v) / jnp.where(rate == 0, 1, jnp.abs(rate))
+    k = jnp.argmin(jnp.where(jdot == 0, jnp.inf, away(j, jdot)))
+    by_jump = (jdot[k] != 0) & ((gdot == 0) | (away(j[k], jdot[k]) < away(g, gdot)))
+    return jnp.where(by_jump, dj[k], dg), jnp.where(by_jump, jdot[k], gdot)
+
+
 def _beside(f, cond, t, y, args, s, before: bool):
     """``(t', y')``: a point on the solution a few ulps before (``before``) or after the
     crossing of ``cond`` at ``(t, y)``, strictly on that side of the surface.
@@ -326,15 +362,16 @@ def _beside(f, cond, t, y, args, s, before: bool):
     the surface if that is more) at which ``cond`` is strictly on the wanted side: before, the
     side the solution arrives from (``cond``'s sign is minus that of its rate in the solve's
     direction ``s``); after, the side it leaves to (its rate's sign, as the loop restarts after
-    an event). Where no ``d`` up to ``sqrt(eps)`` of the scale reaches that side (a grazing or
-    sliding crossing, an update that moves ``y`` off the surface), ``(t, y)``. ``f`` there is
+    an event). A ``cond`` far from zero at ``(t, y)`` changed sign by a jump: before is where
+    its sign is the opposite of the one it has there, after where it is the same. Where no
+    ``d`` up to ``sqrt(eps)`` of the scale reaches that side (a grazing or sliding crossing,
+    an update that moves ``y`` off the surface), ``(t, y)``. ``f`` there is
     ``f``'s value on that side, which a ``where`` on the surface itself cannot tell apart.
     """
     t, y = lax.stop_gradient((t, y))
     v = lax.stop_gradient(f(t, y, args))
     g0, rate = jax.jvp(lambda t_, y_: cond(t_, y_, args), (t, y), (jnp.ones_like(t), v))
     along = jnp.sign(s * rate)
-    want = -along if before else along
     dtype = jnp.result_type(t)
     eps = jnp.finfo(dtype).eps
     y_max, v_max = (
@@ -357,6 +394,13 @@ def _beside(f, cond, t, y, args, s, before: bool):
     cap = jnp.sqrt(eps) * scale
     to_surface = jnp.where(rate != 0, jnp.abs(g0) / jnp.where(rate != 0, jnp.abs(rate), 1), jnp.inf)
     start = jnp.maximum(4 * eps * scale, to_surface.astype(dtype))
+    # a cond that changed sign by a jump (rem(t, P) - d at t = P) is far from zero at the
+    # crossing: its sides are the signs it has there and just before, whatever its rate
+    # (a few ulps away: the located crossing is the end of a bracket that narrow)
+    far = (g0 != 0) & ~(to_surface <= cap)
+    want = jnp.where(far, jnp.sign(g0), along) * (-1 if before else 1)
+    start = jnp.where(far, 4 * eps * scale, start)
+    cap = jnp.where(far, 64 * start, cap)
     d = lax.while_loop(lambda d: ~beside(d) & (d < cap), lambda d: 2 * d, start)
     found = beside(d) & (d <= 2 * cap) & (want != 0)
     return jax.tree.map(lambda a, b: jnp.where(found, a, b), probe(d), (t, y))
@@ -555,12 +599,16 @@ def step_events(
         tau = jnp.where(theta >= 1, t_end, t + theta * h)
         t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args, s)
         terminal = events.is_terminal(which)
-        state = solver.init(events.held(f, s * tau, y_plus, args), s * tau, y_plus, args)
+        state = solver.init(events.held(f, s * tau, y_plus, args, s), s * tau, y_plus, args)
         # the event that fired restarts on cond = 0: it leaves with the sign of cond's rate
-        # (times the step, as a scale for the next location), not a second firing at zero
+        # (times the step, as a scale for the next location), not a second firing at zero.
+        # A cond that jumps through zero (rem(t, P) - d at t = P) or that an update moved off
+        # its surface is not near zero there: it keeps its value, or it would fire again at once
         leaving = s * events.rate(which, s * tau, y_plus, args) * h
         values = events.values(s * tau, y_plus, args)
-        values = values.at[which].set(leaving.astype(values.dtype))
+        band = jnp.sqrt(jnp.finfo(values.dtype).eps)
+        near = jnp.abs(values[which]) <= band * (jnp.abs(before[which]) + jnp.abs(after[which]))
+        values = values.at[which].set(jnp.where(near, leaving.astype(values.dtype), values[which]))
         return theta, which.astype(jnp.int32), terminal, tau, t_star, y_minus, y_plus, state, values
 
     def quiet(_):

@@ -331,7 +331,7 @@ def while_loop(
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
-    held = (lambda t, y: f) if events is None else (lambda t, y: events.held(f, t, y, args))
+    held = (lambda t, y: f) if events is None else (lambda t, y: events.held(f, t, y, args, s))
     if resume is None:
         st0, st_evals = solver.init(held(s * tau0, y0), s * tau0, y0, args), solver.init_evals
     else:

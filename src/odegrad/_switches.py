@@ -13,8 +13,9 @@ time ``tau`` is the common case: without the event ``dy/dtau`` is exactly 0.
 relation in an ``if`` into a zero-crossing function (Modelica Language Specification 3.6,
 section 8.5, "Events and Synchronization"): each comparison ``a < b`` (``gt``, ``ge``, ``lt``,
 ``le``) of floats that depend on ``t`` or ``y`` gives ``g = a - b``; ``sign(x)`` gives ``x``;
-``floor``, ``ceil`` and a float-to-integer conversion give ``sin(pi x)`` (zero at the integers
-where they jump), ``round`` gives ``cos(pi x)``, ``rem(x, c)`` gives ``sin(pi x / c)``. With
+``rem(x, c)`` gives a continuous ``g`` that is zero exactly at the multiples of ``c``, where it
+jumps (:func:`_zero_at_multiples`), and so do ``floor``, ``ceil``, a float-to-integer conversion
+(``c = 1``) and ``round`` (of ``x + 1/2``). With
 ``kinks=True`` the places where only ``f``'s slope jumps count too (``abs``, ``max``, ``min``,
 ``clamp``): an event there makes the step end on the kink, so even ``Discrete`` is exact there.
 
@@ -97,9 +98,9 @@ def switching_events(
 
     def describe(t, y, a):
         found, skipped, _ = _walk_f(f, t, y, a, kinks)
-        labels.extend(label for _, label, _ in found)
+        labels.extend(label for _, label, *_ in found)
         uncovered.extend(skipped)
-        return [g for g, _, _ in found]
+        return [g for g, *_ in found]
 
     arrays, rebuild, _ = split_arrays(args)  # strings, functions: not for eval_shape
     shapes = jax.eval_shape(lambda t, y, a: describe(t, y, rebuild(a)), t0, y0, arrays)
@@ -156,8 +157,8 @@ class SwitchHolder:
     def __init__(self, kinks: bool, total: int):
         self.kinks, self.total = kinks, total
 
-    def __call__(self, f, t, y, args):
-        return hold_switches(f, self.kinks, t, y, args)
+    def __call__(self, f, t, y, args, direction=1):
+        return hold_switches(f, self.kinks, t, y, args, direction)
 
     def between_events(self, f):
         """``f`` with every held switch fixed: what a step sees, whose Jacobian no longer
@@ -188,10 +189,10 @@ class _SurfaceEntry:
 
 
 def _walk_f(f, t, y, args, kinks: bool, sides=None) -> tuple[list, list[str], Any]:
-    """``([(g, label, scale), ...], uncovered, out)``: the surface values ``g`` of ``f`` at
-    ``(t, y, args)``, one array per switch, the labels of state-dependent switches no surface
-    describes, and ``f``'s output, with each switch held on the side ``sides`` gives (the
-    flattened surfaces' signs; 0: as ``f`` computes it) where ``sides`` is given."""
+    """``([(g, label, scale, primitive), ...], uncovered, out)``: the surface values ``g`` of
+    ``f`` at ``(t, y, args)``, one array per switch, the labels of state-dependent switches
+    no surface describes, and ``f``'s output, with each switch held on the side ``sides``
+    gives (the flattened surfaces' signs; 0: as ``f`` computes it) where ``sides`` is given."""
     arrays, rebuild, _ = split_arrays(args)
     closed, shape = jax.make_jaxpr(lambda t_, y_, a_: f(t_, y_, rebuild(a_)), return_shape=True)(
         t, y, arrays
@@ -210,17 +211,30 @@ def surface_values(f, t, y, args, kinks: bool, with_scale: bool = False):
     """Every surface entry of ``f`` at ``(t, y, args)``, flattened in order, as one array (and
     with ``with_scale`` the size of each entry's operands, ``|a| + |b|`` for ``a - b``)."""
     found, _, _ = _walk_f(f, t, y, args, kinks)
-    dtype = jnp.result_type(*[g for g, _, _ in found], t)
+    dtype = jnp.result_type(*[g for g, *_ in found], t)
     flat = lambda k: jnp.concatenate([jnp.ravel(e[k]).astype(dtype) for e in found])
     return (flat(0), flat(2)) if with_scale else flat(0)
 
 
-def hold_switches(f, kinks: bool, t0, y0, args):
+def jump_surfaces(fn, t, y, args):
+    """The surfaces where ``fn(t, y, args)`` jumps because a ``rem``, ``floor``, ``ceil``,
+    ``round`` or float-to-integer conversion of ``t`` or ``y`` in it does (its comparisons
+    and ``sign`` excepted), flattened into one array; None where it has none."""
+    found, _, _ = _walk_f(fn, t, y, args, False)
+    steps = [g for g, _, _, name in found if name in _STEPS - {"sign"}]
+    if not steps:
+        return None
+    return jnp.concatenate([jnp.ravel(g).astype(jnp.result_type(t)) for g in steps])
+
+
+def hold_switches(f, kinks: bool, t0, y0, args, direction=1):
     """``f`` with each of its switches held, for one step, on the side the solution is on at
     the step's start ``(t0, y0)``: the sign of its surface ``g`` there, or near the surface (a
-    restart after an event) the sign of ``g``'s rate along ``f``, the side the solution moves
-    to. A solution that slides along a surface (``f`` pushing into it from both sides) has no
-    such side; there the events chatter until ``max_events`` stops the solve. Modelica's
+    restart after an event) the sign of ``g``'s rate along ``f`` in ``direction`` (+1: as
+    time increases), the side the solution moves to. (A backward pass that reads an interval
+    down from its top holds with ``-1``: the side the solution arrived there from.) A
+    solution that slides along a surface (``f`` pushing into it from both sides) has no such
+    side; there the events chatter until ``max_events`` stops the solve. Modelica's
     tools hold their relations between events the same way (Modelica Language Specification
     3.6, 8.5): inside a step ``f`` is the smooth extension of its branch, and a
     crossing ends the step at the event that changes the branch, so no step straddles a jump
@@ -241,7 +255,7 @@ def hold_switches(f, kinks: bool, t0, y0, args):
     # evaluation of f, never a wrong branch.
     on = jnp.abs(g) <= jnp.sqrt(jnp.finfo(g.dtype).eps) * (scale + 1)
     rate = run_if(any_member(jnp.any(on)), along_f, jnp.zeros_like(g))
-    sides = jnp.sign(jnp.where(on, rate, g))
+    sides = jnp.sign(jnp.where(on, direction * rate, g))
     return lambda t, y, a: _walk_f(f, t, y, a, kinks, sides)[2]
 
 
@@ -326,8 +340,8 @@ def _record(eqn, ins, kinks, found, seen, here):
     elif name in _STEPS and name != "sign":
         if name == "convert_element_type" and _inexact(eqn.outvars[0]):
             return None  # float to float: no jump
-        x = vals[0] / vals[1] if name == "rem" else vals[0]
-        g = jnp.cos(jnp.pi * x) if name == "round" else jnp.sin(jnp.pi * x)
+        x = vals[0] + 0.5 if name == "round" else vals[0]
+        g = _zero_at_multiples(x, vals[1] if name == "rem" else 1)
         keys, scale = order, jnp.ones_like(g)
     else:
         return None
@@ -339,7 +353,7 @@ def _record(eqn, ins, kinks, found, seen, here):
     if key not in seen:
         seen[key] = (seen["entries"], order[:2], jnp.shape(g))
         seen["entries"] += math.prod(jnp.shape(g))
-        found[0].append((g, label, scale))
+        found[0].append((g, label, scale, name))
     sides = seen["sides"]
     if sides is None or name in _STEPS - {"sign"}:  # floor, round, ...: left as they are
         return None
@@ -374,6 +388,17 @@ def _held(name, vals, side, pointwise):
         "min": lambda: jnp.where(side < 0, vals[0], vals[1]),
     }[name]()
     return pick(side == 0, jnp.asarray(held).astype(pointwise.dtype))
+
+
+def _zero_at_multiples(x, c):
+    """``r (|c| - |r|) (2 |c| - |r|)`` with ``r = rem(x, 2 c)``: continuous in ``x``, changing
+    sign at each multiple of ``c``, where ``rem(x, c)`` (so ``floor``, ``round`` of ``x + 1/2``
+    with ``c = 1``) jumps. ``rem`` is exact in floating point, so it is exactly zero at the same
+    ``x`` where they jump, and the event lands on their jump to the ulp (``sin(pi x / c)``,
+    ``1e-16`` at ``x = c``, put it an ulp past the jump, and a step could end between them)."""
+    c = jnp.abs(jnp.asarray(c, jnp.result_type(x)))
+    r = lax.rem(x, 2 * c)
+    return r * (c - jnp.abs(r)) * (2 * c - jnp.abs(r))
 
 
 def _key(var, value) -> tuple:

@@ -144,30 +144,17 @@ class _Continuous(AbstractAdjoint):
         return CustomRule(lambda y0, args_diff: primal(y0, args_diff)[0], solve_fwd, solve_bwd)
 
     # -- the right-hand side's VJP: jax.vjp of f, or the user's ---------------------------------
-    def _rhs_and_vjp(self, problem: Problem):
+    def _rhs_and_vjp(self, problem: Problem, f=None):
+        """``(f, vjp, vjp_columns, vjp_state)``: ``f`` (``problem.f``, a partitioned pair as one
+        ``f``; or the given one, in that form) and its products."""
+        if f is not None:
+            return _vjps(f, problem)
         f = problem.f
         if problem.solver.partitioned:
             f_u, f_v = f
             f = lambda t, y, a: (f_u(t, y[1], a), f_v(t, y[0], a))
         if self.vjp is None:
-
-            def vjp(t, y, args_diff, ct):
-                _, pull = jax.vjp(lambda y_, a_: f(t, y_, problem.with_args(a_)), y, args_diff)
-                return pull(ct)
-
-            def vjp_columns(t, y, args_diff, ct):
-                # one product over the columns: dL/dp summed inside it (for a dense layer a
-                # matrix product), not one parameter-sized cotangent per column
-                each = lambda a_: jax.vmap(lambda t_, y_: f(t_, y_, problem.with_args(a_)))
-                _, pull = jax.vjp(lambda y_, a_: each(a_)(t, y_), y, args_diff)
-                return pull(ct)
-
-            def vjp_state(t, y, args_diff, cts):
-                # columns at one point: f linearised once, its transpose applied per column
-                out, pull = jax.vjp(lambda y_: f(t, y_, problem.with_args(args_diff)), y)
-                return out, jax.vmap(pull)(cts)[0]
-
-            return f, vjp, vjp_columns, vjp_state
+            return _vjps(f, problem)
         if any(isinstance(c, jax.core.Tracer) for c in jax.tree.leaves(problem.args[1:])):
             raise ValueError(
                 f"{type(self).__name__}(vjp=...): f (or SaveAt.fn) closes over arrays; pass them "
@@ -228,7 +215,8 @@ class _Continuous(AbstractAdjoint):
 
     def _backward(self, problem: Problem, y0, args_diff, keep, ct: LoopOutput):
         plan, s, src = problem.plan, problem.direction, self.source
-        f, vjp, vjp_columns, vjp_state = self._rhs_and_vjp(problem)
+        pointwise = self._rhs_and_vjp(problem)
+        f, vjp = pointwise[:2]
         solver_b, control = self._backward_solver(problem)
         # the saves ride in the backward steps (columns.py) or stop the backward solve
         adaptive = isinstance(control, Adaptive | _Seminorm)
@@ -259,8 +247,9 @@ class _Continuous(AbstractAdjoint):
                 ys = tree_where(moved, ys, y0_rows)
             saves, g0 = save_columns(problem, keep, ys, args_diff, ct, src.reintegrates)
 
-        def rhs_for(c, within, ends):
+        def rhs_for(c, within, ends, fns):
             """d(state)/dp for the backward state z = (a, g, src.carries) in forward time p."""
+            f, vjp = fns[:2]
 
             def rhs(p, z, a_diff):
                 y = y_at({**c, **z}, p, within)  # z's own components are the ones at p
@@ -274,17 +263,20 @@ class _Continuous(AbstractAdjoint):
 
             return rhs
 
-        def rates(y, p, a, w, a_diff, with_g):
-            """The columns' rates (see :class:`ColumnSolver`) at forward times ``p``."""
-            ct_ = jax.tree.map(lambda x: x * w.reshape((-1,) + (1,) * (x.ndim - 1)), a)
-            cy, ca = vjp_columns(s * p, y, a_diff, ct_)
-            return tree_scale(-s, cy), tree_scale(-s, ca) if with_g else None
+        def rates_for(fns):
+            def rates(y, p, a, w, a_diff, with_g):
+                """The columns' rates (see :class:`ColumnSolver`) at forward times ``p``."""
+                ct_ = jax.tree.map(lambda x: x * w.reshape((-1,) + (1,) * (x.ndim - 1)), a)
+                cy, ca = fns[2](s * p, y, a_diff, ct_)
+                return tree_scale(-s, cy), tree_scale(-s, ca) if with_g else None
 
-        def state_rates(y, p, a, w, a_diff):
-            """``dy/dp`` and the propagator's columns' rates (see :class:`PropagatorSolver`) at
-            time ``p``."""
-            dy, da = vjp_state(s * p, y, a_diff, a)
-            return tree_scale(s, dy), tree_scale(-s * w, da)
+            def state_rates(y, p, a, w, a_diff):
+                """``dy/dp`` and the propagator's columns' rates (see
+                :class:`PropagatorSolver`) at time ``p``."""
+                dy, da = fns[3](s * p, y, a_diff, a)
+                return tree_scale(s, dy), tree_scale(-s * w, da)
+
+            return rates, state_rates
 
         # the propagator's step sums over accepted steps: dL/dp adds up, the drift is the worst
         # save's (known zeros: the recorder need not trace a step to find their shape)
@@ -299,8 +291,9 @@ class _Continuous(AbstractAdjoint):
 
         summed = Accumulate(lambda t, dt, dense, a: dense, combine, zeros)
 
-        def quadrature_for(c, within):
+        def quadrature_for(c, within, fns):
             nodes, weights = gauss_legendre(self._nodes(solver_b))
+            vjp = fns[1]
 
             def accumulate(t, dt, dense, a_diff):
                 total = tree_zeros_like(args_diff)
@@ -352,18 +345,39 @@ class _Continuous(AbstractAdjoint):
                 "g": tree_add(c["g"], tree_scale(w, ca)),
             }
 
+        def held_inside(c, hi, lo, within, with_args):
+            """``f`` held as inside ``[lo, hi]``: read just below ``hi`` (a surface's jump in
+            time, as ``rem(t, P)`` makes, lands on an end to the ulp), arriving from below
+            where a surface is that near. Backsolve's state is known at ``hi`` alone: it is
+            moved back along ``f``, which on either side of a crossing moves toward it."""
+            p_in = hi - (hi - lo) / 1024
+            if src.reads_anywhere:
+                y_in = y_at(c, p_in, within)
+            else:
+                y_hi = y_at(c, hi, within)
+                back = tree_scale(-(hi - p_in) * s, f(s * hi, y_hi, with_args))
+                y_in = tree_add(y_hi, back)
+            return problem.events.held(f, s * p_in, y_in, with_args, -s)
+
         def integrate(c, hi, lo):
             z = {"a": c["a"], **{k: c[k] for k in src.carries}}
             if not g_by_steps:
                 z["g"] = c["g"]
             # (only events make the sides of a step boundary differ)
             within = ends = None
+            fns = pointwise
             if problem.events is not None:
                 within = 0.5 * (hi + lo)
                 with_args = problem.with_args(args_diff)
                 ends = IntervalEnds.find(problem.events, keep["events"], s, hi, lo, with_args)
-            rhs = rhs_for(c, within, ends)
-            acc = quadrature_for(c, within) if self.quadrature else None
+                if problem.events.hold is not None and self.vjp is None:
+                    # f's switches held inside this interval as the forward steps held them
+                    # (none changes between breakpoints): on an end f itself may take the
+                    # other side (t0 on `t > 0`, or rem(t, P) < d at t = P)
+                    fns = self._rhs_and_vjp(problem, held_inside(c, hi, lo, within, with_args))
+            rates, state_rates = rates_for(fns)
+            rhs = rhs_for(c, within, ends, fns)
+            acc = quadrature_for(c, within, fns) if self.quadrature else None
             solver = solver_b
             if columns:
                 reader = partial(src.reader, problem, keep, c, within=within)
@@ -613,3 +627,25 @@ def _default_explicit():
     from ..solvers.explicit_rk import Tsit5
 
     return Tsit5()
+
+
+def _vjps(f, problem: Problem):
+    """``(f, vjp, vjp_columns, vjp_state)`` with the products taken by ``jax.vjp`` of ``f``."""
+
+    def vjp(t, y, args_diff, ct):
+        _, pull = jax.vjp(lambda y_, a_: f(t, y_, problem.with_args(a_)), y, args_diff)
+        return pull(ct)
+
+    def vjp_columns(t, y, args_diff, ct):
+        # one product over the columns: dL/dp summed inside it (for a dense layer a
+        # matrix product), not one parameter-sized cotangent per column
+        each = lambda a_: jax.vmap(lambda t_, y_: f(t_, y_, problem.with_args(a_)))
+        _, pull = jax.vjp(lambda y_, a_: each(a_)(t, y_), y, args_diff)
+        return pull(ct)
+
+    def vjp_state(t, y, args_diff, cts):
+        # columns at one point: f linearised once, its transpose applied per column
+        out, pull = jax.vjp(lambda y_: f(t, y_, problem.with_args(args_diff)), y)
+        return out, jax.vmap(pull)(cts)[0]
+
+    return f, vjp, vjp_columns, vjp_state

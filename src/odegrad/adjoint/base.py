@@ -237,7 +237,9 @@ class Problem:
     def f_held(self, t, y, args):
         """``f`` for a step from ``(t, y)`` (real time), as the forward loop steps it: with
         ``og.switching_events``' switches held there (:meth:`EventSet.held`)."""
-        return self.f if self.events is None else self.events.held(self.f, t, y, args)
+        if self.events is None:
+            return self.f
+        return self.events.held(self.f, t, y, args, self.direction)
 
     def state_bytes(self) -> int:
         """Bytes of one state plus the solver's carried state."""
