@@ -23,7 +23,8 @@ With all of those events in a solve, each switch is also held for a whole step o
 step starts on (:func:`hold_switches`): ``f`` inside a step is the smooth extension of its branch
 and the event ends the step at the crossing, so no step straddles the jump (which an explicit
 method accepts only once ``h`` is about ``tol / |f+ - f-|``: 36 rejected steps for one crossing
-at rtol 1e-8, none held).
+at rtol 1e-8, none held). A ``floor``-like switch holds its level: ``floor``'s integer, the count
+``n`` of ``rem(x, c) = x - c n``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import contextlib
 import math
 import warnings
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import jax
@@ -209,11 +211,24 @@ def _walk_f(f, t, y, args, kinks: bool, sides=None) -> tuple[list, list[str], An
 
 def surface_values(f, t, y, args, kinks: bool, with_scale: bool = False):
     """Every surface entry of ``f`` at ``(t, y, args)``, flattened in order, as one array (and
-    with ``with_scale`` the size of each entry's operands, ``|a| + |b|`` for ``a - b``)."""
+    with ``with_scale`` the size of each entry's operands, ``|a| + |b|`` for ``a - b``, and the
+    levels of the ``floor``-like ones, see :func:`_levels`: ``(values, scales, levels)``)."""
     found, _, _ = _walk_f(f, t, y, args, kinks)
     dtype = jnp.result_type(*[g for g, *_ in found], t)
     flat = lambda k: jnp.concatenate([jnp.ravel(e[k]).astype(dtype) for e in found])
-    return (flat(0), flat(2)) if with_scale else flat(0)
+    if not with_scale:
+        return flat(0)
+
+    def levels(g, lv):  # (is a level, level, below, above, g > 0 above), flattened
+        n = jnp.size(g)
+        if lv is None:
+            return [jnp.zeros(n, bool)] + [jnp.zeros(n, dtype)] * 3 + [jnp.zeros(n, bool)]
+        return (
+            [jnp.ones(n, bool)] + [jnp.ravel(x).astype(dtype) for x in lv[:3]] + [jnp.ravel(lv[3])]
+        )
+
+    each = [levels(g, None if lv is None else lv()) for g, *_, lv in found]
+    return flat(0), flat(2), [jnp.concatenate([e[k] for e in each]) for k in range(5)]
 
 
 def jump_surfaces(fn, t, y, args):
@@ -221,7 +236,7 @@ def jump_surfaces(fn, t, y, args):
     ``round`` or float-to-integer conversion of ``t`` or ``y`` in it does (its comparisons
     and ``sign`` excepted), flattened into one array; None where it has none."""
     found, _, _ = _walk_f(fn, t, y, args, False)
-    steps = [g for g, _, _, name in found if name in _STEPS - {"sign"}]
+    steps = [g for g, _, _, name, _ in found if name in _STEPS - {"sign"}]
     if not steps:
         return None
     return jnp.concatenate([jnp.ravel(g).astype(jnp.result_type(t)) for g in steps])
@@ -241,7 +256,9 @@ def hold_switches(f, kinks: bool, t0, y0, args, direction=1):
     (which an explicit method can take only at a step size of about ``tol / |f+ - f-|``).
     """
     t0, y0, args = lax.stop_gradient((t0, y0, args))
-    g, scale = surface_values(f, t0, y0, args, kinks, with_scale=True)
+    g, scale, (is_level, level, below, above, above_positive) = surface_values(
+        f, t0, y0, args, kinks, with_scale=True
+    )
 
     def along_f(rate):
         tangent = (jnp.ones_like(t0), f(t0, y0, args))
@@ -256,6 +273,10 @@ def hold_switches(f, kinks: bool, t0, y0, args, direction=1):
     on = jnp.abs(g) <= jnp.sqrt(jnp.finfo(g.dtype).eps) * (scale + 1)
     rate = run_if(any_member(jnp.any(on)), along_f, jnp.zeros_like(g))
     sides = jnp.sign(jnp.where(on, direction * rate, g))
+    # a floor-like switch holds its level (floor's integer, rem's count of c): near its jump,
+    # the one on the side just found
+    beside = jnp.where((sides > 0) == above_positive, above, below)
+    sides = jnp.where(is_level, jnp.where(on, beside, level), sides)
     return lambda t, y, a: _walk_f(f, t, y, a, kinks, sides)[2]
 
 
@@ -341,8 +362,10 @@ def _record(eqn, ins, kinks, found, seen, here):
         if name == "convert_element_type" and _inexact(eqn.outvars[0]):
             return None  # float to float: no jump
         x = vals[0] + 0.5 if name == "round" else vals[0]
-        g = _zero_at_multiples(x, vals[1] if name == "rem" else 1)
-        keys, scale = order, jnp.ones_like(g)
+        c = jnp.abs(jnp.asarray(vals[1] if name == "rem" else 1, jnp.result_type(vals[0])))
+        g = _zero_at_multiples(x, c)
+        # (|g| ~ c^2 |x - jump| near one: the near band then spans ~sqrt(eps) (|x| + c) of x)
+        keys, scale = order, c * c * (jnp.abs(x) + c)
     else:
         return None
     if name != "clamp":
@@ -353,12 +376,16 @@ def _record(eqn, ins, kinks, found, seen, here):
     if key not in seen:
         seen[key] = (seen["entries"], order[:2], jnp.shape(g))
         seen["entries"] += math.prod(jnp.shape(g))
-        found[0].append((g, label, scale, name))
+        # (a thunk: only hold_switches reads them)
+        levels = partial(_levels, eqn, vals) if name in _STEPS - {"sign"} else None
+        found[0].append((g, label, scale, name, levels))
     sides = seen["sides"]
-    if sides is None or name in _STEPS - {"sign"}:  # floor, round, ...: left as they are
+    if sides is None:
         return None
     start, first_order, shape = seen[key]
     side = sides[start : start + math.prod(shape)].reshape(shape)
+    if name in _STEPS - {"sign"}:  # the level held (see hold_switches)
+        return lambda pointwise: _held_level(name, vals, side, pointwise)
     if name != "clamp" and order[:2] != first_order:
         side = -side  # g = b - a where the surface was first met as a - b
     return lambda pointwise: _held(name, vals, side, pointwise)
@@ -388,6 +415,35 @@ def _held(name, vals, side, pointwise):
         "min": lambda: jnp.where(side < 0, vals[0], vals[1]),
     }[name]()
     return pick(side == 0, jnp.asarray(held).astype(pointwise.dtype))
+
+
+def _level(eqn, vals, x):
+    """The level of the floor-like ``eqn`` at ``x`` in place of its operand: its own output,
+    or for ``rem(x, c) = x - c n`` the count ``n``."""
+    if eqn.primitive.name != "rem":
+        return _bind(eqn, [x, *vals[1:]])
+    c = vals[1]
+    return jnp.round((x - lax.rem(x, c)) / c)
+
+
+def _levels(eqn, vals):
+    """``(level, below, above, g > 0 above)``: the level at the operand ``x``, at ``x -+ d``
+    (``d`` past the near band of :func:`hold_switches`, so across a jump that near, short
+    of the next), and whether the surface is positive at ``x + d``."""
+    x = vals[0]
+    c = jnp.abs(jnp.asarray(vals[1] if eqn.primitive.name == "rem" else 1, jnp.result_type(x)))
+    eps = jnp.finfo(jnp.result_type(x)).eps
+    d = jnp.minimum(4 * jnp.sqrt(eps) * (jnp.abs(x) + c + 1 / (c * c)), c / 4)
+    shift = 0.5 if eqn.primitive.name == "round" else 0.0
+    above = _zero_at_multiples(x + d + shift, c) > 0
+    return _level(eqn, vals, x), _level(eqn, vals, x - d), _level(eqn, vals, x + d), above
+
+
+def _held_level(name, vals, level, pointwise):
+    """A floor-like switch with its level held: ``floor``'s integer, ``x - c n`` for ``rem``."""
+    if name == "rem":
+        return (vals[0] - vals[1] * level.astype(jnp.result_type(vals[0]))).astype(pointwise.dtype)
+    return jnp.broadcast_to(level, jnp.shape(pointwise)).astype(pointwise.dtype)
 
 
 def _zero_at_multiples(x, c):
