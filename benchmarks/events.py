@@ -9,7 +9,9 @@ optimistix Newton root finder; diffrax has terminal events only).
 * switches read from ``f``: a one-compartment infusion that stops at ``tau``
   (``-k y + where(t < tau, rate, 0)``), ``dy(T)/dtau`` vmapped over 64 stop times against
   ``rate exp(-k (T - tau))``, with ``og.switching_events``, a hand-written event, none, and
-  diffrax (which, like odegrad without an event, differentiates ``f`` pointwise).
+  diffrax (which, like odegrad without an event, differentiates ``f`` pointwise);
+* repeated doses written ``where(t % P < d, rate, 0)``, ``dy(7)/dP`` vmapped over 64 periods
+  against the closed form, the same ways.
 
 Tsit5, ``rtol = atol = 1e-10``, float64.
 
@@ -82,8 +84,6 @@ STOP = og.Event(lambda t, y, p: t - p["tau"], terminal=False, update=lambda t, y
 def infusion_rows(rounds: int):
     """Rows (steps, errors, compile and run time) of ``y(3)`` and ``dy(3)/dtau``, vmapped
     over 64 stop times, for each way of writing the stop."""
-    import time
-
     p = {"k": 0.7, "rate": 2.0, "tau": 1.2}
     taus = jnp.linspace(0.2, 2.8, 64)
     exact = p["rate"] * jnp.exp(-p["k"] * (3.0 - taus))
@@ -102,20 +102,64 @@ def infusion_rows(rounds: int):
         ),
         "odegrad, no event": og_solve(infusion, 0.0, None),
     }
+    return timed_rows(solves, infusion, 3.0, lambda tau: dict(p, tau=tau), 1.2, taus, exact, rounds)
+
+
+def doses(t, y, p):
+    return -p["k"] * y + jnp.where(t % p["P"] < p["d"], p["rate"], 0.0)
+
+
+def dose_rows(rounds: int):
+    """Rows of ``y(7)`` and ``dy(7)/dP`` for doses every ``P`` (``t % P < d``), vmapped over 64
+    periods, for each way of writing the doses' events."""
+    p, big_t = {"k": 0.7, "rate": 2.0, "d": 0.5, "P": 2.1}, 7.0
+    periods = jnp.linspace(1.51, 2.99, 64)  # (not 13 / 6: its last dose ends on T, a kink)
+
+    def exact_y(period):  # e^{kt} y gains rate/k (e^{k end} - e^{k start}) over each dose
+        k, rate, d = p["k"], p["rate"], p["d"]
+        starts = period * jnp.arange(5)
+        ends = jnp.minimum(starts + d, big_t)
+        gain = jnp.where(starts < big_t, jnp.exp(k * ends) - jnp.exp(k * starts), 0.0)
+        return rate / k * jnp.exp(-k * big_t) * jnp.sum(gain)
+
+    exact = jax.vmap(jax.grad(exact_y))(periods)
+    found = og.switching_events(doses, 0.0, 0.0, p)
+    by_hand = og.Event(lambda t, y, p: t % p["P"] - p["d"], terminal=False)
+    step = og.Adaptive(1e-8, 1e-8)
+
+    def og_solve(events):
+        return lambda period: og.solve(doses, 0.0, (0.0, big_t), dict(p, P=period),
+                                       events=events, step=step, max_events=16)  # fmt: skip
+
+    solves = {
+        "odegrad switching_events": og_solve(found),
+        "odegrad hand-written event (t % P - d)": og_solve(by_hand),
+        "odegrad, no event": og_solve(None),
+    }
+    at = lambda period: dict(p, P=period)
+    return timed_rows(solves, doses, big_t, at, 2.1, periods, exact, rounds)
+
+
+def timed_rows(solves, f, big_t, params, example, xs, exact, rounds):
+    """Rows ``[method, steps / rejected / evals at x = example, max error of d y(T)/dx over
+    xs relative to the largest, compile, median, min]`` for each ``solves[name](x)``, vmapped
+    over ``xs`` (value and gradient), and diffrax's pointwise ``f`` where installed."""
+    import time
+
     fns, stats = {}, {}
     for name, solve in solves.items():
-        loss = lambda tau, solve=solve: jnp.ravel(solve(tau).ys[-1])[0]
+        loss = lambda x, solve=solve: jnp.ravel(solve(x).ys[-1])[0]
         fns[name] = jax.jit(jax.vmap(jax.value_and_grad(loss)))
-        st = solve(1.2).stats
+        st = solve(example).stats
         stats[name] = f"{int(st['accepted'])} / {int(st['rejected'])} / {int(st['rhs_evals'])}"
     try:
         import diffrax as dfx
 
-        def dfx_loss(tau):
-            term = dfx.ODETerm(infusion)
+        def dfx_loss(x):
+            term = dfx.ODETerm(f)
             ctrl = dfx.PIDController(rtol=1e-8, atol=1e-8)
-            return dfx.diffeqsolve(term, dfx.Tsit5(), 0.0, 3.0, None, 0.0, dict(p, tau=tau),
-                                   stepsize_controller=ctrl).ys[-1]  # fmt: skip
+            return dfx.diffeqsolve(term, dfx.Tsit5(), 0.0, big_t, None, 0.0, params(x),
+                                   stepsize_controller=ctrl, max_steps=16384).ys[-1]  # fmt: skip
 
         # value and gradient: diffrax's gradient alone is zeros, and XLA drops the solve
         fns["diffrax (pointwise)"] = jax.jit(jax.vmap(jax.value_and_grad(dfx_loss)))
@@ -125,11 +169,11 @@ def infusion_rows(rounds: int):
     rows, calls = [], {}
     for name, fn in fns.items():
         start = time.perf_counter()
-        got = fn(taus)[1].block_until_ready()
+        got = fn(xs)[1].block_until_ready()
         compile_s = time.perf_counter() - start
-        err = max_err(got, exact) / float(jnp.max(exact))
+        err = max_err(got, exact) / float(jnp.max(jnp.abs(exact)))
         rows.append([name, stats[name], f"{err:.1e}", f"{compile_s:.2f} s"])
-        calls[name] = lambda fn=fn: fn(taus)
+        calls[name] = lambda fn=fn: fn(xs)
     t = interleaved_medians(calls, rounds, 5)
     for row in rows:
         row += [fmt_time(t[row[0]].median), fmt_time(t[row[0]].best)]
@@ -198,6 +242,9 @@ def main(argv=None):
     head = ["method", "steps / rejected / evals (tau = 1.2)", "max error / max dy/dtau",
             "first call (compile)", "median", "min"]  # fmt: skip
     print(markdown_table(head, infusion_rows(args.rounds)))
+    print("\n### doses every P (t % P < d): y(7) and dy(7)/dP, vmap 64, rtol 1e-8\n")
+    head[1], head[2] = "steps / rejected / evals (P = 2.1)", "max error / max dy/dP"
+    print(markdown_table(head, dose_rows(args.rounds)))
 
 
 if __name__ == "__main__":

@@ -122,6 +122,10 @@ class EventSet:
     #: ``hold(f, t, y, args) -> f`` held on the sides of its switches at ``(t, y)`` for a step
     #: (:func:`odegrad._switches.hold_switches`), where the events are ``f``'s own switches
     hold: Callable | None = None
+    #: per event: the index of its cond's surface entry from ``og.switching_events``, or None
+    #: (a surface entry's crossing by a jump never fires alone: the jump's own surface ties
+    #: with it, see :meth:`locate`)
+    surfaces: tuple = ()
 
     @staticmethod
     def build(events, event_fns, f, partitioned, max_events, hold=None) -> EventSet | None:
@@ -141,6 +145,9 @@ class EventSet:
             f=full,
             max_events=int(max_events),
             hold=hold,
+            surfaces=tuple(
+                e.cond.index if getattr(e.cond, "is_surface_entry", False) else None for e in events
+            ),
         )
 
     def held(self, f, t, y, args, direction):
@@ -150,8 +157,13 @@ class EventSet:
         return f if self.hold is None else self.hold(f, t, y, args, direction)
 
     def values(self, t, y, args):
-        """Every event's ``cond`` at ``(t, y)``, as one array."""
-        return jnp.stack([jnp.asarray(c(t, y, args)).reshape(()) for c in self.conds])
+        """Every event's ``cond`` at ``(t, y)``, as one array (``f``'s surfaces, when they are
+        the events, read in one pass over ``f`` rather than one per event)."""
+        found = None if self.hold is None else self.hold.values(self.f, t, y, args)
+        return jnp.stack([
+            jnp.asarray(c(t, y, args) if k is None else found[k]).reshape(())
+            for c, k in zip(self.conds, self.surfaces or (None,) * len(self.conds), strict=True)
+        ])  # fmt: skip
 
     def crossed(self, before, after):
         """Which events cross between ``before`` and ``after`` (the ``cond`` values), in their
@@ -317,7 +329,8 @@ def _jump(events: EventSet, i: int, t, z, args, s):
         g, dg = jax.jvp(lambda y, a: cond(t, y, a), (z, args), (dz, dargs))
         # gdot = g_t + g_y f-: the rate at which cond crosses zero along the arriving solution
         _, gdot = jax.jvp(lambda t_, y: cond(t_, y, args), (t, z), (jnp.ones_like(t), f_minus))
-        dg, gdot = _timed_by_its_jump(cond, t, z, args, dz, dargs, f_minus, g, dg, gdot)
+        if not (events.surfaces and events.surfaces[i] is not None):
+            dg, gdot = _timed_by_its_jump(cond, t, z, args, dz, dargs, f_minus, g, dg, gdot)
         # a grazing crossing (gdot = 0) has no finite sensitivity; the guard keeps members of a
         # batch that did not fire (evaluated, then discarded) from putting nan into gradients
         dt = (-dg / jnp.where(gdot == 0, 1, gdot)).astype(jnp.result_type(t))

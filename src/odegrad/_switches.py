@@ -162,6 +162,10 @@ class SwitchHolder:
     def __call__(self, f, t, y, args, direction=1):
         return hold_switches(f, self.kinks, t, y, args, direction)
 
+    def values(self, f, t, y, args):
+        """Every surface entry of ``f`` at ``(t, y)`` (:func:`surface_values`)."""
+        return surface_values(f, t, y, args, self.kinks)
+
     def between_events(self, f):
         """``f`` with every held switch fixed: what a step sees, whose Jacobian no longer
         jumps at those switches (for :func:`odegrad._kinks.find_kinks`, which then reports
@@ -172,6 +176,8 @@ class SwitchHolder:
 
 class _SurfaceEntry:
     """``cond(t, y, args)``: entry ``index`` of ``f``'s surfaces, all flattened in order."""
+
+    is_surface_entry = True
 
     def __init__(self, f, kinks: bool, index: int, total: int, label: str):
         self.f, self.kinks, self.index, self.total, self.label = f, kinks, index, total, label
