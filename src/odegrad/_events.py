@@ -182,17 +182,18 @@ class EventSet:
         derivative would be wrong. Where such a jump and a true zero of another event fall at
         the same place (``og.switching_events`` puts one on the ``rem``), the true zero fires,
         at the latest of their located times."""
+        thetas, zeros = [], []
         band = jnp.sqrt(jnp.finfo(jnp.result_type(before)).eps)
+        for i, cond in enumerate(self.conds):
 
-        def g(thetas):
-            """Event i's cond at its own theta_i, every event at once: one root-finding loop
-            for all of them (compile time), not one each."""
-            at = lambda theta: self.values(s * (t + theta * h), interpolate(theta), args)
-            return jnp.diagonal(jax.vmap(at)(thetas))
+            def g(theta, cond=cond):
+                y = interpolate(theta)
+                return jnp.asarray(cond(s * (t + theta * h), y, args)).reshape(())
 
-        located = _illinois(g, before, after, crossed)
-        thetas = jnp.where(crossed, located, jnp.inf)
-        zeros = jnp.abs(g(located)) <= band * (jnp.abs(before) + jnp.abs(after))
+            theta = _illinois(g, before[i], after[i], crossed[i])
+            thetas.append(jnp.where(crossed[i], theta, jnp.inf))
+            zeros.append(jnp.abs(g(theta)) <= band * (jnp.abs(before[i]) + jnp.abs(after[i])))
+        thetas, zeros = jnp.stack(thetas), jnp.stack(zeros)
         first = jnp.min(thetas)
         # (tied to a few ulps of the time, not of theta: a short step late in a long solve)
         eps = jnp.finfo(thetas.dtype).eps
@@ -245,7 +246,6 @@ class EventSet:
 def _illinois(g, g0, g1, active):
     """A root of ``g`` on ``[0, 1]`` given ``g(0) = g0``, ``g(1) = g1`` of opposite signs (or
     ``g1 == 0``): the end of the final bracket on ``g1``'s side, so the event has happened there.
-    Elementwise: ``g`` maps a vector of ``theta`` to a vector, one root each (where ``active``).
     """
     one = jnp.ones_like(g1)
 
@@ -253,7 +253,7 @@ def _illinois(g, g0, g1, active):
         lo, hi, k = c[0], c[1], c[5]
         width = hi - lo
         wide = width > 4 * jnp.finfo(width.dtype).eps
-        return any_member(jnp.any(active & wide) & (k < ROOT_MAX_ITERATIONS))
+        return any_member(active & wide & (k < ROOT_MAX_ITERATIONS))
 
     def body(c):
         lo, hi, glo, ghi, side, k = c
@@ -280,7 +280,7 @@ def _illinois(g, g0, g1, active):
             k + 1,
         )
 
-    init = (0 * one, one, g0, g1, jnp.zeros(jnp.shape(g1), jnp.int32), jnp.zeros((), jnp.int32))
+    init = (0 * one, one, g0, g1, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
     init = jax.tree.map(lax.stop_gradient, init)
     _, hi, *_ = lax.while_loop(cond, body, init)
     return hi
