@@ -24,7 +24,8 @@ misses; an event placed on the surface is how a solve learns where it is. Its tr
 the adjoint's jump condition at the event, the same one that SciMLSensitivity applies at a
 ``ContinuousCallback``; every adjoint differentiates this one function, forward (``jax.jvp``)
 or backward (``jax.vjp``). The continuous adjoints' backward solves also read ``f`` just
-inside each interval at its event ends (:class:`IntervalEnds`).
+inside each interval at its event ends
+(:class:`odegrad.adjoint.interval_ends.IntervalEnds`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._batching import any_member, member_cond
+from ._batching import any_member
 from ._recorders import Recorder
 from ._tree import tree_fill_rows, tree_set_row
 
@@ -417,73 +418,6 @@ def _beside(f, cond, t, y, args, s, before: bool):
     d = lax.while_loop(lambda d: ~beside(d) & (d < cap), lambda d: 2 * d, start)
     found = beside(d) & (d <= 2 * cap) & (want != 0)
     return jax.tree.map(lambda a, b: jnp.where(found, a, b), probe(d), (t, y))
-
-
-class IntervalEnds(NamedTuple):
-    """A backward interval ``[lo, hi]`` (forward time) whose ends may be events: the points
-    a few ulps inside it (:meth:`EventSet.beside`) that stand in for its ends. The backward
-    solve's first stage sits on ``hi`` and an explicit step's last on ``lo``; at an event
-    those states lie on the surface, where a ``where`` in ``f`` takes either side, so ``f`` and
-    its Jacobian there would be the other side's for a whole stage (5 % of ``dL/dp`` in
-    ``tests/test_kinks.py::test_value_jump_with_an_event``, Interpolating: Tsit5's first
-    stage weight 0.0965 times a backward step of ~1)."""
-
-    hi: Any
-    lo: Any
-    hi_event: Any
-    lo_event: Any
-    hi_point: Any  # (forward time, state) just inside hi
-    lo_point: Any
-
-    @staticmethod
-    def find(events: EventSet, log: EventLog, s, hi, lo, args) -> IntervalEnds:
-        tau = jnp.where(jnp.isfinite(log.ts), s * log.ts, jnp.inf)
-
-        def end(p, before):
-            hit = tau == p
-            row = jnp.argmax(hit)
-            which, t = log.which[row], log.ts[row]
-            z = jax.tree.map(lambda x: x[row], log.ys)
-
-            def inside(_):
-                y = z if before else events.jump(which, t, z, args, s)[2]
-                t_in, y_in = events.beside(which, t, y, args, s, before)
-                return s * t_in, y_in
-
-            return jnp.any(hit), member_cond(jnp.any(hit), inside, lambda _: (p, z), None)
-
-        (hi_event, hi_point), (lo_event, lo_point) = end(hi, True), end(lo, False)
-        return IntervalEnds(hi, lo, hi_event, lo_event, hi_point, lo_point)
-
-    @staticmethod
-    def inside(ends: IntervalEnds | None, rates: Callable) -> Callable:
-        """``rates(y, p, ...)`` with the interval's event ends (if any) moved inside it."""
-        if ends is None:
-            return rates
-        return lambda y, p, *rest: rates(ends.state(p, y), ends.time(p), *rest)
-
-    def _masks(self, p):
-        # a backward step's last stage lands on lo to an ulp or so, not exactly
-        tol = 16 * jnp.finfo(jnp.result_type(p)).eps * (jnp.abs(self.hi) + self.hi - self.lo)
-        return (
-            self.hi_event & (jnp.abs(p - self.hi) <= tol),
-            self.lo_event & (jnp.abs(p - self.lo) <= tol),
-        )
-
-    def time(self, p):
-        at_hi, at_lo = self._masks(p)
-        return jnp.where(at_hi, self.hi_point[0], jnp.where(at_lo, self.lo_point[0], p))
-
-    def state(self, p, y):
-        """``y`` read at times ``p`` (leading axes of ``y``'s leaves, if ``p`` has any)."""
-        at_hi, at_lo = self._masks(p)
-
-        def pick(mask, new, old):
-            mask = mask.reshape(mask.shape + (1,) * (old.ndim - mask.ndim))
-            return jnp.where(mask, new.astype(old.dtype), old)
-
-        y = jax.tree.map(lambda n, o: pick(at_lo, n, o), self.lo_point[1], y)
-        return jax.tree.map(lambda n, o: pick(at_hi, n, o), self.hi_point[1], y)
 
 
 def prepare(events: Event | Sequence[Event] | None, max_events: int) -> tuple[Event, ...]:

@@ -39,7 +39,6 @@ import numpy as np
 from jax import lax
 
 from .._batching import any_member, max_member, member_cond
-from .._events import IntervalEnds
 from .._loop import LoopOutput, RuntimeGrid, locate_failure, while_loop
 from .._recorders import Accumulate
 from .._saving import SavePlan
@@ -56,6 +55,7 @@ from .base import (
     refuse_dense_cotangent,
 )
 from .columns import ColumnSolver, PropagatorSolver, save_columns, save_path
+from .interval_ends import IntervalEnds
 from .sources import Pass, StateSource
 
 
