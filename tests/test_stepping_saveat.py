@@ -429,8 +429,13 @@ def test_blowup_fixed_traced_span_under_vmap():
 
 
 @pytest.mark.parametrize(
-    "adjoint",
-    [og.Auto(), og.Discrete(3), og.Interpolating(), og.Quadrature()],
+    "adjoint",  # (Quadrature's start saves are Interpolating's: slow tier)
+    [
+        og.Auto(),
+        og.Discrete(3),
+        og.Interpolating(),
+        pytest.param(og.Quadrature(), marks=pytest.mark.slow),
+    ],
     ids=["auto", "discrete3", "interpolating", "quadrature"],
 )
 @pytest.mark.parametrize("step", [og.Fixed(0.1), og.Adaptive()], ids=["fixed", "adaptive"])

@@ -29,7 +29,7 @@ from ._progress import chunked_scan
 from ._recorders import DenseRows, LoopSetup, Recorder, StepRecord, StepTaken, StepTimes
 from ._saving import SaveAtTimes, SavePlan, SaveSteps, ScanSaves
 from ._solution import Result
-from ._step import Adaptive, adapt_step
+from ._step import Adaptive, adapt_step, between_jumps, jump_times, next_jump
 from ._tree import tree_all_finite, tree_bytes, tree_where
 from ._tuning import tuning
 
@@ -331,7 +331,10 @@ def while_loop(
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
-    held = (lambda t, y: f) if events is None else (lambda t, y: events.held(f, t, y, args, s))
+    jumps = jump_times(control, s, tdtype) if adaptive else None
+    held_ = (lambda t, y: f) if events is None else (lambda t, y: events.held(f, t, y, args, s))
+    # (the stages of a step read time strictly between the jumps around its start)
+    held = held_ if jumps is None else (lambda t, y: between_jumps(held_(t, y), jumps, s * t, s))
     if resume is None:
         st0, st_evals = solver.init(held(s * tau0, y0), s * tau0, y0, args), solver.init_evals
     else:
@@ -383,6 +386,11 @@ def while_loop(
     # a record that keeps each step's VJP takes the step itself (StepRecord.take)
     take = next((r.take for r in recorders if isinstance(r, StepRecord) and r.take), None)
 
+    def _restart(x):
+        where, tau, y, st = x
+        fresh = solver.restart(held(s * tau, y), s * tau, y, args, st)
+        return where, tau, y, tree_where(where, fresh, st)
+
     def body(c: LoopState) -> LoopState:
         active = running(c)
         remaining = tau1 - c.t
@@ -391,8 +399,16 @@ def while_loop(
             h = jnp.minimum(c.h if cap is None else jnp.minimum(c.h, cap), remaining)
         else:
             h = grid_step(c)
+        lands = False
+        if jumps is not None:  # a step that would reach the next jump ends on it
+            jump = next_jump(jumps, c.t)
+            lands = (jump <= tau1) & (c.t + h >= jump)
+            h = jnp.where(lands, jump - c.t, h)
         last = h >= remaining
         t_new = jnp.where(last, tau1, c.t + h)
+        if jumps is not None:
+            t_new = jnp.where(lands & ~last, jump, t_new)
+            lands = lands & ~last
         if take is None:
             res = solver.step(held(s * c.t, c.y), s * c.t, s * h, c.y, args, c.st)
             pullback = None
@@ -418,6 +434,9 @@ def while_loop(
             )
             accept = decision.accept & active
             h_next = jnp.where((accept & last) | ~active, c.h, decision.h_next)
+            # past a jump, the size the controller wanted before the jump cut the step short
+            if jumps is not None:
+                h_next = jnp.where(accept & lands, jnp.maximum(h_next, c.h), h_next)
             ratio_prev = jnp.where(active, decision.ratio, c.ratio_prev)
             failed = active & decision.underflow
             # (where the ratio is nan, f gave an inf or a nan in a stage the error estimate
@@ -446,6 +465,11 @@ def while_loop(
             evals = evals + jnp.where(ev.fired & ~ev.terminal, solver.init_evals, 0)
             failed = failed | ev.overflow
             failure = jnp.where(ev.overflow, Result.max_events_reached, failure)
+        restart = None
+        if jumps is not None:  # a fresh first stage past the jump (FSAL: one evaluation)
+            restart = accept & lands if events is None else accept & lands & ~ev.fired
+            st1 = lax.cond(any_member(restart), _restart, lambda x: x, (restart, t_new, y1, st1))[3]
+            evals = evals + jnp.where(restart, solver.init_evals, 0)
         grid_k = c.grid_k
         if grid_k is not None:
             # an event ends a step early (the next resumes the grid) unless it fell on its end
@@ -457,6 +481,7 @@ def while_loop(
         # After the select, so that what the step passed through is not selected over. The
         # end as tau + h, as replays compute it (Problem.step); a jump restarts the solver.
         quiet = accept if events is None else accept & ~ev.fired
+        quiet = quiet if restart is None else quiet & ~restart
         st_next, hook_evals = solver.after_step(
             f,
             s * jnp.where(accept, c.t + h, c.t),

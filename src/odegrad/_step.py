@@ -120,9 +120,23 @@ class Adaptive(AbstractStep):
 
     ``dt0=None`` picks the first step by Hairer & Wanner's algorithm (I, II.4, p. 169).
 
+    ``jump_ts``: times where ``f`` jumps or kinks in ``t`` (the knots of a piecewise-constant
+    or ``jnp.interp`` input, dose times), known in advance. A step that would cross one ends
+    an ulp before it and the next starts an ulp after it, with the solver restarted there (a
+    fresh first stage, as after an event), so that no step's stages straddle the jump and none
+    evaluates ``f`` at the jump itself, where either side may be taken. Without it the
+    controller finds each jump by rejecting steps. The times are constants of the
+    discretisation, like step sizes: no derivative flows to them. To differentiate with
+    respect to a switching time, write it into ``f`` as a comparison and use
+    ``og.switching_events`` (which also finds the times itself). Times outside the span are
+    ignored. The continuous adjoints' backward solves stop at them too. (diffrax's
+    ``PIDController(jump_ts=)``, SciML's ``tstops`` with ``d_discontinuities``.)
+
     Example:
         >>> step = og.Adaptive(rtol=1e-8, atol=1e-8)
         >>> i_control = og.Adaptive(rtol=1e-6, atol=1e-6, pcoeff=0.0, icoeff=1.0)
+        >>> knots = jnp.arange(1.0, 10.0)   # a piecewise-constant input changes at each
+        >>> step = og.Adaptive(jump_ts=knots)
     """
 
     rtol: float = 1e-6
@@ -134,8 +148,28 @@ class Adaptive(AbstractStep):
     dtmin: float | None = None
     pcoeff: float | None = None
     icoeff: float | None = None
+    jump_ts: Any = None
 
     def __post_init__(self):
+        if self.jump_ts is not None:
+            dtype = np.asarray(self.jump_ts).dtype if _is_concrete(self.jump_ts) else None
+            dtype = jnp.result_type(self.jump_ts) if dtype is None else dtype
+            if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+                raise TypeError(
+                    f"Adaptive(jump_ts=...): jump_ts must hold real numbers (times), got dtype "
+                    f"{dtype}."
+                )
+            shape = np.shape(self.jump_ts) if _is_concrete(self.jump_ts) else self.jump_ts.shape
+            if len(shape) != 1:
+                raise ValueError(
+                    f"Adaptive(jump_ts=...): jump_ts must be a 1-d array of times, got shape "
+                    f"{shape}; pass jnp.ravel(times) or None."
+                )
+            if _is_concrete(self.jump_ts) and np.isnan(np.asarray(self.jump_ts, float)).any():
+                raise ValueError(
+                    "Adaptive(jump_ts=...): jump_ts holds nan; every entry must be a time (inf "
+                    "pads: it is never reached)."
+                )
         for name in ("rtol", "atol"):
             v = getattr(self, name)
             if _is_concrete(v) and not float(np.asarray(v)) >= 0:
@@ -205,6 +239,56 @@ class Adaptive(AbstractStep):
             (0.01 / jnp.maximum(dmax, jnp.finfo(span.dtype).tiny)) ** (1.0 / (order + 1)),
         )
         return jnp.minimum(jnp.minimum(100 * h0, h1), span).astype(span.dtype)
+
+
+def jump_times(control, s, tdtype):
+    """``control``'s ``jump_ts`` in forward time ``tau = s t``, ascending, as constants (no
+    derivative flows to them), or ``None`` where it has none."""
+    ts = getattr(control, "jump_ts", None)
+    if ts is None:
+        return None
+    return jnp.sort(lax.stop_gradient(s * jnp.asarray(ts, tdtype)))
+
+
+def next_jump(jumps, tau):
+    """The first of the ascending ``jumps`` after ``tau`` (``inf`` past the last)."""
+    k = jnp.searchsorted(jumps, tau, side="right")
+    inf = jnp.asarray(jnp.inf, jumps.dtype)
+    return jnp.where(k < jumps.shape[0], jumps[jnp.minimum(k, jumps.shape[0] - 1)], inf)
+
+
+def time_inside_jumps(jumps, tau, s):
+    """For a step from forward time ``tau`` (``s``: the direction), a map of real time ``t``
+    (``s * tau`` at the step's start) to itself moved strictly between the jumps around
+    ``tau``, an ulp inside: a stage on a jump, or a step starting on one, reads the step's own
+    side of it. The value only: a derivative in ``t`` passes as through the identity."""
+    if jumps is None:
+        return lambda t: t
+    k = jnp.searchsorted(jumps, tau, side="right")
+    n, inf = jumps.shape[0], jnp.asarray(jnp.inf, jumps.dtype)
+    before = jnp.where(k > 0, jumps[jnp.maximum(k - 1, 0)], -inf)
+    after = jnp.where(k < n, jumps[jnp.minimum(k, n - 1)], inf)
+    lo, hi = jnp.nextafter(before, inf), jnp.nextafter(after, -inf)
+
+    def inside(t):
+        return t + lax.stop_gradient(s * jnp.clip(s * t, lo, hi) - t)
+
+    return inside
+
+
+def between_jumps(f, jumps, tau, s):
+    """``f`` for a step from forward time ``tau``, its time moved by :func:`time_inside_jumps`."""
+    if jumps is None:
+        return f
+    inside = time_inside_jumps(jumps, tau, s)
+    return lambda t, y, args: f(inside(t), y, args)
+
+
+def landed_on_jump(jumps, tau, tau_next):
+    """Whether the step from ``tau`` whose successor starts at ``tau_next`` ended on a jump,
+    past which the loop restarted the solver (read from the recorded times, as replays know
+    them: a step that stops short of the next jump ends before it)."""
+    return tau_next >= next_jump(jumps, tau)
 
 
 class StepDecision(NamedTuple):

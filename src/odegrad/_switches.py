@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend import core as jex_core
 
 from ._batching import any_member, run_if
 from ._events import Event
@@ -135,6 +136,58 @@ def switching_events(
     )
 
 
+def time_switch_labels(f, t0, y0, args) -> list[str]:
+    """Where ``f`` switches branch on a surface that moves with ``t`` (``where(t < tau)``,
+    ``floor(t / w)``; among those :func:`switching_events` puts events on), and where it looks
+    a table up by ``t`` (a comparison inside a ``lax.scan``, as ``jnp.searchsorted``'s binary
+    search makes), by source line; ``[]`` when it has none. Nothing runs."""
+    labels: list[str] = []
+
+    def describe(t, y, a):
+        labels.extend(label for _, label, *_ in _walk_f(f, t, y, a, False, with_y=False)[0])
+        closed = jax.make_jaxpr(f)(t, y, a)
+        labels.extend(_lookups(closed.jaxpr, [True] + [False] * (len(closed.jaxpr.invars) - 1)))
+        return ()
+
+    arrays, rebuild, _ = split_arrays(args)
+    jax.eval_shape(lambda t, y, a: describe(t, y, rebuild(a)), t0, y0, arrays)
+    return list(dict.fromkeys(labels))
+
+
+_ORDERINGS = _RELATIONS | {"lt_to", "le_to"}
+
+
+def _lookups(jaxpr, deps, where: str = "") -> list[str]:
+    """Labels of the ``scan``s in ``jaxpr`` whose operands depend on the invars ``deps`` marks
+    and whose body compares (a binary search: ``jnp.searchsorted``), at the user's line
+    (``where``: the enclosing call's). A ``while`` loop's comparison is its stopping test (a
+    Newton solve), not a lookup."""
+    dep = {v for v, d in zip(jaxpr.invars, deps, strict=True) if d}
+    found = []
+    for eqn in jaxpr.eqns:
+        d_in = [not _is_literal(v) and v in dep for v in eqn.invars]
+        if not any(d_in):
+            continue
+        name = eqn.primitive.name
+        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr")) if name in _CALLS else None
+        here = where or _location(eqn)
+        if inner is not None:
+            found += _lookups(getattr(inner, "jaxpr", inner), d_in, here)
+        elif name == "scan" and _compares(eqn.params["jaxpr"].jaxpr):
+            found.append(f"a lookup by time (a comparison inside lax.scan) at {here}")
+        dep.update(eqn.outvars)
+    return found
+
+
+def _compares(jaxpr) -> bool:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _ORDERINGS:
+            return True
+        if any(_compares(sub) for sub in jex_core.jaxprs_in_params(eqn.params)):
+            return True
+    return False
+
+
 def switch_holder(events, f, t0, y0, args) -> Callable | None:
     """``hold(f, t, y, args)`` (see :func:`hold_switches`) where ``events`` hold every entry of
     one :func:`switching_events` call, and ``f`` (the solve's right-hand side, its closure
@@ -196,17 +249,20 @@ class _SurfaceEntry:
         return f"switching surface {self.label}"
 
 
-def _walk_f(f, t, y, args, kinks: bool, sides=None) -> tuple[list, list[str], Any]:
+def _walk_f(
+    f, t, y, args, kinks: bool, sides=None, with_y: bool = True
+) -> tuple[list, list[str], Any]:
     """``([(g, label, scale, primitive), ...], uncovered, out)``: the surface values ``g`` of
     ``f`` at ``(t, y, args)``, one array per switch, the labels of state-dependent switches
     no surface describes, and ``f``'s output, with each switch held on the side ``sides``
-    gives (the flattened surfaces' signs; 0: as ``f`` computes it) where ``sides`` is given."""
+    gives (the flattened surfaces' signs; 0: as ``f`` computes it) where ``sides`` is given.
+    ``with_y=False``: only the switches whose surface moves with ``t``."""
     arrays, rebuild, _ = split_arrays(args)
     closed, shape = jax.make_jaxpr(lambda t_, y_, a_: f(t_, y_, rebuild(a_)), return_shape=True)(
         t, y, arrays
     )
     leaves = [t, *jax.tree.leaves(y), *arrays]
-    deps = [True] * (1 + len(jax.tree.leaves(y))) + [False] * len(arrays)
+    deps = [True] + [with_y] * len(jax.tree.leaves(y)) + [False] * len(arrays)
     found: list[tuple[Any, str, Any]] = []
     uncovered: list[str] = []
     seen: dict[Any, Any] = {"entries": 0, "sides": sides}

@@ -28,6 +28,7 @@ Lyons, "Hey, that's not an ODE", ICML 2021).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -43,7 +44,8 @@ from .._loop import LoopOutput, RuntimeGrid, locate_failure, while_loop
 from .._recorders import Accumulate
 from .._saving import SavePlan
 from .._solution import Result, host_check
-from .._step import AbstractStep, Adaptive, Fixed
+from .._step import AbstractStep, Adaptive, Fixed, jump_times
+from .._switches import time_switch_labels
 from .._tree import tree_add, tree_scale, tree_size, tree_where, tree_zeros_like
 from .base import (
     AbstractAdjoint,
@@ -112,6 +114,7 @@ class _Continuous(AbstractAdjoint):
                 f"{solver_b!r} does not have: pass solver= an embedded method such as og.BS3() "
                 f"or og.Tsit5(), or step=og.Fixed(dt)."
             )
+        _warn_unseen_switches(type(self).__name__, problem)
         return custom_vjp_solve(problem, self._rule, symbolic_zeros=True)
 
     def _rule(self, problem: Problem) -> CustomRule:
@@ -219,7 +222,7 @@ class _Continuous(AbstractAdjoint):
         f, vjp = pointwise[:2]
         solver_b, control = self._backward_solver(problem)
         # the saves ride in the backward steps (columns.py) or stop the backward solve
-        adaptive = isinstance(control, Adaptive | _Seminorm)
+        adaptive = adaptive_loop = isinstance(control, Adaptive | _Seminorm)
         path = save_path(problem, f, vjp, src, solver_b, adaptive, ct.y1)
         propagator, columns = path.propagator, path.columns
         points, labels, count = self._breakpoints(problem, keep, with_ts=not columns)
@@ -380,6 +383,8 @@ class _Continuous(AbstractAdjoint):
             acc = quadrature_for(c, within, fns) if self.quadrature else None
             solver = solver_b
             if columns:
+                # (the jumps in the backward loop's time, -p)
+                jumps = jump_times(control, -1.0, tdtype) if adaptive_loop else None
                 reader = partial(src.reader, problem, keep, c, within=within)
                 nodes = gauss_legendre(self._nodes(solver_b)) if self.quadrature else None
                 if propagator:
@@ -393,6 +398,7 @@ class _Continuous(AbstractAdjoint):
                         lo,
                         reintegrate,
                         path.rows,
+                        jumps=jumps,
                     )
                 else:
                     solver = ColumnSolver(
@@ -403,6 +409,7 @@ class _Continuous(AbstractAdjoint):
                         IntervalEnds.inside(ends, rates),
                         lo,
                         nodes,
+                        jumps=jumps,
                     )
                 # the column step computes its quadrature: its "dense output" is that sum
                 acc = (lambda t, dt, dense, a: dense) if g_by_steps else None
@@ -589,8 +596,43 @@ class _Continuous(AbstractAdjoint):
         if isinstance(base, RuntimeGrid):  # fixed steps: one backward step per forward step
             base = "grid"
         if isinstance(base, Adaptive):
+            jumps = (
+                base.jump_ts
+                if base.jump_ts is not None
+                else getattr(problem.control, "jump_ts", None)
+            )
+            if jumps is not None:  # f jumps there backwards too; the loop's time is tau
+                base = replace(base, jump_ts=problem.direction * jnp.asarray(jumps))
             return _Seminorm(base, lambda z: {k: v for k, v in z.items() if k != "g"})
         return base
+
+
+def _warn_unseen_switches(name: str, problem: Problem) -> None:
+    """Warn at trace time where ``f`` switches branch in time and the solve says nothing of
+    where (no events, no ``jump_ts``; ``Auto`` may have chosen this adjoint): the
+    backward solve's error norm leaves ``dL/dp`` out (a seminorm), so its steps cross a switch
+    in time unseen and ``dL/dp`` is off by a fraction of the step there, at any tolerance."""
+    if problem.solver.partitioned or problem.events is not None or problem.grid is not None:
+        return
+    if getattr(problem.control, "jump_ts", None) is not None:
+        return
+    try:
+        t0 = problem.direction * problem.tau0
+        labels = time_switch_labels(problem.f, t0, problem.y0, problem.args)
+    except Exception:  # a reader's limit is no reason to refuse the solve: no warning
+        return
+    if labels:
+        warnings.warn(
+            f"og.{name}(): f switches branch in time at {', '.join(labels)}, and the solve has "
+            "no events there: the backward solve's steps cross those times unseen (its error "
+            "control leaves dL/dp out), so dL/dp is off there by far more than the tolerance "
+            "(a jump: a fraction of a step; jnp.interp's knots: 5e-5 at rtol 1e-10). "
+            "Pass events=og.switching_events(f, t0, y0, args) (every adjoint then adds the "
+            "crossing's term), or step=og.Adaptive(jump_ts=...) for switches at known times, or "
+            "use adjoint=og.Discrete().",
+            RuntimeWarning,
+            stacklevel=4,
+        )
 
 
 def _report_backward_failure(name: str, max_steps: int, code, t) -> None:

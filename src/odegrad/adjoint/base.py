@@ -18,6 +18,7 @@ from .._kinks import Kink, find_kinks
 from .._loop import LoopOutput, scan_loop, while_loop
 from .._recorders import Recorder
 from .._saving import SavePlan
+from .._step import between_jumps, jump_times, landed_on_jump
 from .._tracers import forward_mode
 from .._tree import lift_tracers, tree_size
 from .._tuning import tuning
@@ -213,20 +214,35 @@ class Problem:
         adaptive = self.grid is None and not isinstance(self.control, RuntimeGrid)
         return adaptive and hook is not AbstractSolver.after_step
 
-    def step(self, tau, h, y, args, state, retried=None):
+    def step(self, tau, h, y, args, state, retried=None, next_start=None):
         """One solver step from forward time ``tau`` with forward-time size ``h``. Adjoints
         replay steps: ``state`` and the result's state are what they checkpoint
         (``solver.compact_state``), revised by ``solver.after_step`` as the forward loop
         revised it once the step was accepted. ``retried``: the step followed a rejection (a
         ``StepRecord(retries=True)`` row), so the loop had revised ``state`` after that
-        rejection first (a no-op on a state checkpointed after it)."""
+        rejection first (a no-op on a state checkpointed after it). ``next_start``: where the
+        next step starts (forward time), which tells whether this one ended at one of
+        ``Adaptive(jump_ts=)``'s jumps, past which the loop restarted the solver."""
         s, solver = self.direction, self.solver
         if retried is not None:
             state = solver.after_step(self.f, s * tau, y, args, state, False, retried)[0]
         res = solver.step(self.f_held(s * tau, y, args), s * tau, s * h, y, args, state)
         # the end as the loop computes it (tau + h), so that a refresh sees the same time
         state = solver.after_step(self.f, s * (tau + h), res.y1, args, res.state, True, False)[0]
-        return res._replace(state=solver.compact_state(state))
+        state = solver.compact_state(state)
+        jumps = jump_times(self.control, s, jnp.result_type(tau))
+        if jumps is not None:
+            if next_start is None:
+                raise AssertionError("Problem.step: a solve with jump_ts replays with next_start")
+            landed = landed_on_jump(jumps, tau, next_start)
+
+            def restarted(_):
+                t = s * next_start
+                fresh = solver.restart(self.f_held(t, res.y1, args), t, res.y1, args, state)
+                return solver.compact_state(fresh)
+
+            state = member_cond(landed, restarted, lambda _: state, None)
+        return res._replace(state=state)
 
     def init_state(self, y, args, tau=None):
         """The solver's carried state at ``(tau, y)`` (default: the start), as adjoints
@@ -237,9 +253,9 @@ class Problem:
     def f_held(self, t, y, args):
         """``f`` for a step from ``(t, y)`` (real time), as the forward loop steps it: with
         ``og.switching_events``' switches held there (:meth:`EventSet.held`)."""
-        if self.events is None:
-            return self.f
-        return self.events.held(self.f, t, y, args, self.direction)
+        f = self.f if self.events is None else self.events.held(self.f, t, y, args, self.direction)
+        jumps = jump_times(self.control, self.direction, jnp.result_type(t))
+        return between_jumps(f, jumps, self.direction * t, self.direction)
 
     def state_bytes(self) -> int:
         """Bytes of one state plus the solver's carried state."""

@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 from jax.extend import core as jex_core
 
+from .._step import time_inside_jumps
 from .._tree import rms_error_ratio, tree_bytes, tree_lincomb, tree_size
 from .._tuning import tuning
 from ..solvers.base import AbstractSolver, StepResult
@@ -307,8 +308,11 @@ class ColumnSolver(AbstractSolver):
         rates: Callable,
         floor,
         quadrature: tuple | None = None,
+        jumps=None,
     ):
         self.inner, self.saves, self.columns = inner, saves, columns
+        # Adaptive(jump_ts=) in the backward loop's time (-p), where a step's stages read p
+        self.jumps = jumps
         self.reader, self.rates = reader, rates
         self.floor = floor  # the backward interval's end: a save there is not this loop's
         self.quadrature = quadrature  # (nodes, weights) on [0, 1] for dL/dp, or None
@@ -320,6 +324,10 @@ class ColumnSolver(AbstractSolver):
 
     def init(self, f, t0, y0, args):
         return (self.saves.below(t0), t0, self.reader(t0)[1])
+
+    def restart(self, f, t, y, args, state):
+        # each step starts its inner solver afresh; the state counts the saves taken in
+        return state
 
     def max_step(self, state):
         """At most ``columns`` saves inside a step (it may reach down to the next one after),
@@ -349,22 +357,27 @@ class ColumnSolver(AbstractSolver):
         cols = jax.tree.map(lambda x, r: jnp.concatenate([x, r]), first, jumps)
         return start, start - lo, cols, jnp.sum(inside)
 
-    def rhs_theta(self, read, start, length):
+    def _times(self, t0):
+        """Forward times ``p`` of a step from ``t0`` as its stages read them: strictly between
+        the jumps around it (:func:`~odegrad._step.time_inside_jumps`)."""
+        return time_inside_jumps(self.jumps, -t0, -1.0)
+
+    def rhs_theta(self, read, start, length, at=lambda p: p):
         """d/dtheta of the stacked state: column ``j`` at forward time ``start_j - theta
-        length_j``, its rate times ``-length_j``."""
+        length_j`` (as ``at`` reads it), its rate times ``-length_j``."""
 
         def rhs(theta, z, args):
-            p = start - theta * length
+            p = at(start - theta * length)
             da, dg = self.rates(jax.vmap(read)(p), p, z["a"], -length, args, "g" in z)
             return {"a": da} if dg is None else {"a": da, "g": dg}
 
         return rhs
 
-    def _stacked(self, read, start, length, cols, y0, args):
+    def _stacked(self, read, start, length, cols, y0, args, at):
         """One step of size 1 in theta on the stacked columns: the new state (columns summed),
         its error (the worst column's; ``dL/dp`` left out) and the quadrature's ``dL/dp``."""
         z0 = {**y0, "a": cols}
-        rhs = self.rhs_theta(read, start, length)
+        rhs = self.rhs_theta(read, start, length, at)
         one = jnp.ones((), start.dtype)
         res = self.inner.step(rhs, 0 * one, one, z0, args, self.inner.init(rhs, 0 * one, z0, args))
         y1 = {**res.y1, "a": jax.tree.map(lambda x: jnp.sum(x, 0), res.y1["a"])}
@@ -376,7 +389,7 @@ class ColumnSolver(AbstractSolver):
             quad = None
             for x, w in zip(*self.quadrature, strict=True):
                 a = self.inner.interpolate(res.dense, x)["a"]
-                p = start - x * length
+                p = at(start - x * length)
                 _, dg = self.rates(jax.vmap(read)(p), p, a, -length, args, True)
                 dg = jax.tree.map(lambda v: w * v, dg)
                 quad = dg if quad is None else jax.tree.map(jnp.add, quad, dg)
@@ -386,7 +399,8 @@ class ColumnSolver(AbstractSolver):
         k = state[0]
         t0 = jnp.asarray(t0)
         start, length, cols, taken = self._columns(t0, dt, y0, k)
-        y1, error, quad = self._stacked(self.reader(t0)[0], start, length, cols, y0, args)
+        read = self.reader(t0)[0]
+        y1, error, quad = self._stacked(read, start, length, cols, y0, args, self._times(t0))
         lo = t0 + dt
         state = ((k - taken).astype(k.dtype), lo, self.reader(lo)[1])
         return StepResult(y1, error, quad, state)
@@ -438,9 +452,19 @@ class PropagatorSolver(ColumnSolver):
     """
 
     def __init__(
-        self, inner, saves, columns, reader, rates, state_rates, floor, reintegrate=None, rows=1
+        self,
+        inner,
+        saves,
+        columns,
+        reader,
+        rates,
+        state_rates,
+        floor,
+        reintegrate=None,
+        rows=1,
+        jumps=None,
     ):
-        super().__init__(inner, saves, columns, reader, rates, floor)
+        super().__init__(inner, saves, columns, reader, rates, floor, jumps=jumps)
         self.state_rates, self.reintegrate, self.rows = state_rates, reintegrate, rows
 
     def step(self, f, t0, dt, y0, args, state):
@@ -459,8 +483,10 @@ class PropagatorSolver(ColumnSolver):
         def apply(u, v):  # u (B, m, n) times v (B, n), row block by row block
             return jnp.einsum("bij,bj->bi", u, v)
 
+        at = self._times(t0)
+
         def rhs(theta, z, args_):
-            p = t0 - theta * length
+            p = at(t0 - theta * length)
             y = z["y"] if on_y else read(p)
             dy, da = self.state_rates(y, p, z["a"], -length, args_)
             return {"a": da, "y": jax.tree.map(lambda v: -length * v, dy)} if on_y else {"a": da}
@@ -501,7 +527,7 @@ class PropagatorSolver(ColumnSolver):
                 for stage, b_i, w_i in zip(stages, tab.b, weights, strict=True)
             ]
         )
-        p = t0 - jnp.asarray(tab.c, t0.dtype) * length
+        p = at(t0 - jnp.asarray(tab.c, t0.dtype) * length)
         ys = jax.tree.map(lambda *v: jnp.stack(v), *[z["y"] for z in stages]) if on_y else None
         ys = jax.vmap(read)(p) if ys is None else ys
         w_p = jnp.broadcast_to(-length, p.shape)

@@ -93,7 +93,11 @@ class Interpolating(_Continuous):
     @staticmethod
     def _row_bytes(problem: Problem) -> int:
         dense = jax.eval_shape(
-            lambda y, a: problem.step(problem.tau0, 1.0, y, a, problem.init_state(y, a)).dense,
+            lambda y, a: (
+                problem.step(
+                    problem.tau0, 1.0, y, a, problem.init_state(y, a), None, problem.tau0 + 1.0
+                ).dense
+            ),
             problem.y0,
             problem.args,
         )

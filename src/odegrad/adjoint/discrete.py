@@ -292,7 +292,7 @@ def _checkpointed(
                 if st is None:
                     st = problem.init_state(y, a, starts[k])
                 res_ = step_problem.step(
-                    starts[k], sizes[k], y, a, st, StepRecord.retried_at(rec, k)
+                    starts[k], sizes[k], y, a, st, StepRecord.retried_at(rec, k), starts[k + 1]
                 )
                 # the dense output is an output of the step only when saves read it: otherwise the
                 # reverse step would push zero cotangents through every stage

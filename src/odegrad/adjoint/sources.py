@@ -266,7 +266,8 @@ class DenseBlocks(_LocalDense):
             def body(i, x):
                 y, st, data = x
                 k = jnp.minimum(first + i, m - 1)
-                res = problem.step(starts[k], sizes[k], y, args, st, StepRecord.retried_at(keep, k))
+                retried = StepRecord.retried_at(keep, k)
+                res = problem.step(starts[k], sizes[k], y, args, st, retried, starts[k + 1])
                 return res.y1, res.state, tree_set_row(data, i, res.dense)
 
             return lax.fori_loop(0, count, body, (*x, data))[2]
@@ -326,7 +327,7 @@ class RecomputedSteps(_LocalDense):
 
         def advance(k, x):
             res = problem.step(
-                starts[k], sizes[k], x[0], args, x[1], StepRecord.retried_at(keep, k)
+                starts[k], sizes[k], x[0], args, x[1], StepRecord.retried_at(keep, k), starts[k + 1]
             )
             if problem.events is not None:
                 return problem.replay_event(rec, k, starts, res, args)[:2]
@@ -336,7 +337,7 @@ class RecomputedSteps(_LocalDense):
             if problem.progress is not None:
                 problem.progress.backward.every(k, n, 1 - k / n)
             res = problem.step(
-                starts[k], sizes[k], x[0], args, x[1], StepRecord.retried_at(keep, k)
+                starts[k], sizes[k], x[0], args, x[1], StepRecord.retried_at(keep, k), starts[k + 1]
             )
             one = jax.tree.map(lambda d: d[None], res.dense)
             c = {**c, "local": (starts[k][None], sizes[k][None], one, 1)}

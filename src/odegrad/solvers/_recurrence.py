@@ -125,6 +125,14 @@ def two_step_recurrence(stage, prev, cur, theta, consts, xs, n):
 
     Second derivatives through it are not supported.
     """
+    # tracers ``stage`` closes over (a step's own constants, such as the bounds that keep its
+    # stages between two jumps in time, og.Adaptive(jump_ts=)) become explicit constants: a
+    # custom_jvp's rules must not capture a tracer of the trace around them
+    x0 = jax.tree.map(lambda a: a[0], xs)
+    converted, hoisted = jax.closure_convert(stage, cur, prev, x0, theta, consts)
+    if hoisted:
+        stage = lambda u1, u2, x, th, cs: converted(u1, u2, x, th, cs[0], *cs[1])
+        consts = (consts, tuple(hoisted))
     th_leaves, th_def = jax.tree.flatten(theta)
     mask = [_differentiable(v) for v in th_leaves]
     th_diff = [jnp.asarray(v) for v, m in zip(th_leaves, mask, strict=True) if m]

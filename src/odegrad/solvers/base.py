@@ -117,6 +117,12 @@ class AbstractSolver(abc.ABC):
         after it."""
         return state, 0
 
+    def restart(self, f, t, y, args, state):
+        """The carried state after a jump in ``f`` at ``(t, y)`` (``og.Adaptive(jump_ts=)``),
+        from the one the step that ended there left: by default :meth:`init`'s, whose first
+        stage (FSAL) is then evaluated on the jump's far side. Replays take the same."""
+        return self.init(f, t, y, args)
+
     def resume_state(self, state):
         """What of a solve's final carried ``state`` is worth handing to a solve that continues
         from its end (:meth:`init_from`'s ``previous``; a continuous adjoint's next backward

@@ -176,6 +176,11 @@ class _Stabilized(AbstractSolver):
         evals = 1 + jnp.where(stale, self.init_power_iters, 0)
         return (f0, rho, v, age), evals
 
+    def restart(self, f, t, y, args, state):
+        """Past a jump in ``f``: a fresh first stage, the spectral-radius estimate kept (as
+        :meth:`init_from` keeps a previous solve's; a rejection refreshes it)."""
+        return self.init_from(f, t, y, args, self.resume_state(state))[0]
+
     # -- to be provided by each method -----------------------------------------------------
     max_stages: int
 

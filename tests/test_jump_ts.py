@@ -1,0 +1,257 @@
+"""``og.Adaptive(jump_ts=)``: steps end at known times where ``f`` jumps in ``t``.
+
+The problem: ``y' = -k y + u(t)`` with ``u`` piecewise constant, looked up from a table by
+``searchsorted`` (a lookup no switch reader sees), whose closed form is a product of
+exponentials; every derivative is checked against that closed form's own.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import odegrad as og
+from test_kinks import ADJOINTS  # the six adjoints, by name
+
+slow = [pytest.mark.slow]
+
+jax.config.update("jax_enable_x64", True)
+
+KNOTS = np.array([0.0, 1.3, 2.1, 3.7, 5.0])  # u changes at the inner three
+P = {"k": 0.8, "vals": np.array([1.0, -0.5, 2.0, 0.3])}
+
+
+def _table(t, y, p):
+    inner = p.get("knots", KNOTS)[1:-1]
+    return -p["k"] * y + p["vals"][jnp.searchsorted(inner, t, side="right")]
+
+
+def _exact(y0, p, t0, t1):
+    """``y(t1)`` from ``y(t0) = y0``, either direction, interval by interval."""
+    knots = p.get("knots", KNOTS)
+    order = range(4) if t1 > t0 else range(3, -1, -1)
+    y = y0
+    for i in order:
+        a, b = (knots[i], knots[i + 1]) if t1 > t0 else (knots[i + 1], knots[i])
+        a = jnp.clip(a, min(t0, t1), max(t0, t1))
+        b = jnp.clip(b, min(t0, t1), max(t0, t1))
+        u = p["vals"][i] / p["k"]
+        y = u + (y - u) * jnp.exp(-p["k"] * (b - a))
+    return y
+
+
+def _gradients(fn, y0, p):
+    g = jax.grad(fn, argnums=(0, 1))(y0, p)
+    return np.concatenate([np.ravel(g[0]), np.ravel(g[1]["k"]), np.ravel(g[1]["vals"])])
+
+
+@pytest.mark.parametrize(
+    "adjoint",
+    [
+        pytest.param(a, id=k, marks=[] if k in ("auto", "interpolating", "quadrature") else slow)
+        for k, a in ADJOINTS.items()
+    ],
+)  # (Backsolve, Discrete, Forward in the slow tier: test_with_switching_events has them too)
+def test_gradients_match_the_closed_form(adjoint):
+    """Every adjoint, to 1e-9: Interpolating's and Quadrature's backward solves, whose error
+    norm leaves out ``dL/dp``, stop at the jumps too (stepping over them they were 8e-3 and
+    3e-3 off ``dL/dvals``, a one-hot integrand the norm does not see)."""
+    step = og.Adaptive(rtol=1e-10, atol=1e-10, jump_ts=KNOTS[1:-1])
+
+    def y_end(y0, p):
+        sol = og.solve(_table, y0, (0.0, 5.0), p, adjoint=adjoint, step=step)
+        return sol.ys[-1], sol.stats
+
+    y0 = 0.4
+    (y, stats), g = jax.jit(jax.value_and_grad(y_end, (0, 1), has_aux=True))(y0, P)
+    got = np.concatenate([np.ravel(g[0]), np.ravel(g[1]["k"]), np.ravel(g[1]["vals"])])
+    want = _gradients(lambda y, p: _exact(y, p, 0.0, 5.0), y0, P)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-9)
+    assert abs(float(y - _exact(y0, P, 0.0, 5.0))) < 1e-10
+    # the controller does not find each jump by rejecting steps (without jump_ts: 128
+    # rejected of 284, 1706 evaluations)
+    assert int(stats["rejected"]) <= 4 and int(stats["rhs_evals"]) < 700
+
+
+@pytest.mark.parametrize(
+    "adjoint",
+    [
+        pytest.param(a, id=k, marks=[] if k == "interpolating" else slow)
+        for k, a in ADJOINTS.items()
+    ],
+)
+def test_backward_in_time_with_saves_at_the_jumps(adjoint):
+    """From ``t = 5`` down to 0, saves at every knot: the jumps themselves, where a step ends
+    and the next starts (for Interpolating's saves that ride inside its backward steps: the
+    step past a jump keeps the count of saves taken in, and its stages read time on its own
+    side)."""
+    step = og.Adaptive(rtol=1e-10, atol=1e-10, jump_ts=KNOTS[1:-1])
+    ts = KNOTS[::-1]
+    weights = jnp.array([0.3, -1.0, 0.5, 2.0, 1.0])
+
+    def loss(y0, p):
+        sol = og.solve(_table, y0, (5.0, 0.0), p, saveat=og.SaveAt(ts=ts), step=step,
+                       adjoint=adjoint)  # fmt: skip
+        return weights @ sol.ys, sol.ys
+
+    def exact(y0, p):
+        ys = jnp.stack([_exact(y0, p, 5.0, t) for t in ts])
+        return weights @ ys, ys
+
+    y0 = 1.7
+    (_, ys), g = jax.jit(jax.value_and_grad(loss, (0, 1), has_aux=True))(y0, P)
+    (_, want), g_want = jax.value_and_grad(exact, (0, 1), has_aux=True)(y0, P)
+    np.testing.assert_allclose(ys, want, rtol=1e-10)
+    flat = lambda g: np.concatenate([np.ravel(g[0]), np.ravel(g[1]["k"]), np.ravel(g[1]["vals"])])
+    np.testing.assert_allclose(flat(g), flat(g_want), rtol=1e-9)
+
+
+def test_vmapped_jump_times_per_member():
+    """Each member's own knots, traced (read from ``args`` by ``f`` and given as ``jump_ts``),
+    under ``jit(vmap(grad))``, with the default adjoint."""
+
+    def y_end(shift, y0):
+        knots = jnp.asarray(KNOTS).at[1:-1].add(shift)
+        p = dict(P, knots=knots)
+        step = og.Adaptive(rtol=1e-9, atol=1e-9, jump_ts=knots[1:-1])
+        return og.solve(_table, y0, (0.0, 5.0), p, step=step).ys[-1]
+
+    shifts = jnp.array([-0.2, 0.0, 0.35])
+    values, grads = jax.jit(jax.vmap(jax.value_and_grad(y_end, argnums=1), (0, None)))(shifts, 0.4)
+    for s_, v, g in zip(shifts, values, grads, strict=True):
+        p = dict(P, knots=jnp.asarray(KNOTS).at[1:-1].add(s_))
+        assert abs(float(v - _exact(0.4, p, 0.0, 5.0))) < 1e-9
+        assert abs(float(g - jax.grad(_exact)(0.4, p, 0.0, 5.0))) < 1e-9
+
+
+@pytest.mark.parametrize(
+    "solver, rtol, tol",
+    [
+        (og.Kvaerno5(), 1e-8, 1e-6),
+        pytest.param(og.Rodas5(), 1e-8, 1e-6, marks=pytest.mark.slow),
+        (og.ROCK2(), 1e-6, 1e-4),  # (second order: 1e-8 would take thousands of steps)
+    ],
+    ids=["Kvaerno5", "Rodas5", "ROCK2"],
+)
+def test_other_solvers(solver, rtol, tol):
+    """Implicit, Rosenbrock and stabilised solvers restart past each jump too (a fresh state:
+    a stabilised solver's spectral radius estimated again)."""
+    step = og.Adaptive(rtol=rtol, atol=rtol, jump_ts=KNOTS[1:-1])
+
+    def y_end(y0, p):
+        return og.solve(_table, y0, (0.0, 5.0), p, solver=solver, step=step).ys[-1]
+
+    y0 = 0.4
+    y, g = jax.jit(jax.value_and_grad(y_end, (0, 1)))(y0, P)
+    assert abs(float(y - _exact(y0, P, 0.0, 5.0))) < tol
+    got = np.concatenate([np.ravel(g[0]), np.ravel(g[1]["k"]), np.ravel(g[1]["vals"])])
+    want = _gradients(lambda y, p: _exact(y, p, 0.0, 5.0), y0, P)
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol)
+
+
+def test_float32():
+    p = {"k": jnp.float32(0.8), "vals": jnp.asarray(P["vals"], jnp.float32)}
+    knots = jnp.asarray(KNOTS, jnp.float32)
+    step = og.Adaptive(rtol=1e-5, atol=1e-5, jump_ts=knots[1:-1])
+    q = dict(p, knots=knots)
+
+    def y_end(y0):
+        return og.solve(_table, y0, (0.0, 5.0), q, step=step).ys[-1]
+
+    y, g = jax.value_and_grad(y_end)(jnp.float32(0.4))
+    assert y.dtype == jnp.float32
+    q64 = {"k": 0.8, "vals": P["vals"], "knots": KNOTS}
+    np.testing.assert_allclose(y, _exact(0.4, q64, 0.0, 5.0), rtol=1e-4)
+    np.testing.assert_allclose(g, jax.grad(_exact)(0.4, q64, 0.0, 5.0), rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "jump_ts, error, match",
+    [
+        (np.ones((2, 2)), ValueError, "1-d array"),
+        (np.array([1.0, np.nan]), ValueError, "nan"),
+        (np.array(["a", "b"]), TypeError, "real numbers"),
+    ],
+)
+def test_bad_jump_ts(jump_ts, error, match):
+    with pytest.raises(error, match=match):
+        og.Adaptive(jump_ts=jump_ts)
+
+
+def _stop_at_two(t, y, p):
+    return -p["k"] * y + jnp.where(t < 2.0, p["vals"][0], p["vals"][1])
+
+
+def test_continuous_adjoints_warn_of_switches_they_cannot_see():
+    """A switch in time with no event and no ``jump_ts``: the backward solve's seminorm steps
+    across it unseen (Interpolating's ``dL/dvals`` was 6e-4 off at rtol 1e-10), so the solve
+    says so at trace time; with the jump's time given, or the switch's event, it is silent (and
+    right: test_gradients_match_the_closed_form, test_with_switching_events)."""
+    p = {"k": 0.8, "vals": jnp.array([1.0, -0.5])}
+
+    def trace(step):  # (the warning is given at trace time: nothing is compiled)
+        y_end = lambda p: og.solve(_stop_at_two, 0.4, (0.0, 5.0), p, step=step,
+                                   adjoint=og.Interpolating()).ys[-1]  # fmt: skip
+        return jax.eval_shape(jax.grad(y_end), p)
+
+    with pytest.warns(RuntimeWarning, match=r"switches branch in time at lt at .*test_jump_ts"):
+        trace(og.Adaptive())
+    # a table lookup by searchsorted (a binary search in a lax.scan): Interpolating's dL/du
+    # was 82 % off on benchmarks/jump_ts.py's 20-step table
+    with pytest.warns(RuntimeWarning, match=r"lookup by time .* at test_jump_ts.py:\d+ \(_table\)"):
+        table = lambda p: og.solve(_table, 0.4, (0.0, 5.0), p, adjoint=og.Quadrature()).ys[-1]
+        jax.eval_shape(jax.grad(table), P)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trace(og.Adaptive(jump_ts=[2.0]))
+        events = og.switching_events(_stop_at_two, 0.0, 0.4, p)
+
+        def with_event(p):
+            sol = og.solve(_stop_at_two, 0.4, (0.0, 5.0), p, events=events,
+                           adjoint=og.Interpolating())  # fmt: skip
+            return sol.ys[-1]
+
+        jax.eval_shape(jax.grad(with_event), p)
+
+
+def _infusion_and_table(t, y, p):
+    """An infusion at ``rate`` until a fitted ``tau`` (an event: its time is differentiated)
+    on top of the table input (jumps at known times)."""
+    return _table(t, y, p) + jnp.where(t < p["tau"], p["rate"], 0.0)
+
+
+def _infusion_and_table_exact(y0, p, big_t=5.0):
+    """Superposed: ``y0 e^{-kT}``, each constant piece ``r`` on ``[a, b]`` adding
+    ``r / k (e^{-k (T - b)} - e^{-k (T - a)})``."""
+    k = p["k"]
+    piece = lambda r, a, b: r / k * (jnp.exp(-k * (big_t - b)) - jnp.exp(-k * (big_t - a)))
+    total = y0 * jnp.exp(-k * big_t) + piece(p["rate"], 0.0, p["tau"])
+    for i in range(4):
+        total = total + piece(p["vals"][i], KNOTS[i], KNOTS[i + 1])
+    return total
+
+
+@pytest.mark.parametrize(
+    "adjoint",
+    [pytest.param(a, id=k, marks=[] if k == "auto" else slow) for k, a in ADJOINTS.items()],
+)
+def test_with_switching_events(adjoint):
+    """``jump_ts`` beside ``og.switching_events``: the event's time (``tau = 2.9``, between two
+    knots) carries its derivative, the knots restart the solver; every derivative against the
+    closed form."""
+    p = dict(P, tau=2.9, rate=1.5)
+    events = og.switching_events(_infusion_and_table, 0.0, 0.0, p)
+    assert len(events) == 1  # t < tau (searchsorted's comparisons are not read)
+    step = og.Adaptive(rtol=1e-10, atol=1e-10, jump_ts=KNOTS[1:-1])
+
+    def y_end(y0, p):
+        return og.solve(_infusion_and_table, y0, (0.0, 5.0), p, adjoint=adjoint, step=step,
+                        events=events).ys[-1]  # fmt: skip
+
+    y, g = jax.jit(jax.value_and_grad(y_end, (0, 1)))(0.4, p)
+    y_want, g_want = jax.value_and_grad(_infusion_and_table_exact, (0, 1))(0.4, p)
+    assert abs(float(y - y_want)) < 1e-10
+    flat = lambda g: np.concatenate([np.ravel(g[0])] + [np.ravel(g[1][n]) for n in sorted(p)])
+    np.testing.assert_allclose(flat(g), flat(g_want), rtol=0, atol=1e-8)
