@@ -28,7 +28,6 @@ Lyons, "Hey, that's not an ODE", ICML 2021).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -45,8 +44,8 @@ from .._recorders import Accumulate
 from .._saving import SavePlan
 from .._solution import Result, host_check
 from .._step import AbstractStep, Adaptive, Fixed, jump_times
-from .._switches import time_switch_labels
 from .._tree import tree_add, tree_scale, tree_size, tree_where, tree_zeros_like
+from .backward_pieces import report_backward_failure, unknown_resume, vjps, warn_unseen_switches
 from .base import (
     AbstractAdjoint,
     CustomRule,
@@ -114,7 +113,7 @@ class _Continuous(AbstractAdjoint):
                 f"{solver_b!r} does not have: pass solver= an embedded method such as og.BS3() "
                 f"or og.Tsit5(), or step=og.Fixed(dt)."
             )
-        _warn_unseen_switches(type(self).__name__, problem)
+        warn_unseen_switches(type(self).__name__, problem)
         return custom_vjp_solve(problem, self._rule, symbolic_zeros=True)
 
     def _rule(self, problem: Problem) -> CustomRule:
@@ -151,13 +150,13 @@ class _Continuous(AbstractAdjoint):
         """``(f, vjp, vjp_columns, vjp_state)``: ``f`` (``problem.f``, a partitioned pair as one
         ``f``; or the given one, in that form) and its products."""
         if f is not None:
-            return _vjps(f, problem)
+            return vjps(f, problem)
         f = problem.f
         if problem.solver.partitioned:
             f_u, f_v = f
             f = lambda t, y, a: (f_u(t, y[1], a), f_v(t, y[0], a))
         if self.vjp is None:
-            return _vjps(f, problem)
+            return vjps(f, problem)
         if any(isinstance(c, jax.core.Tracer) for c in jax.tree.leaves(problem.args[1:])):
             raise ValueError(
                 f"{type(self).__name__}(vjp=...): f (or SaveAt.fn) closes over arrays; pass them "
@@ -514,7 +513,7 @@ class _Continuous(AbstractAdjoint):
             # (a stabilised solver's spectral-radius estimate, init_from), not a fresh init:
             # seed 001's own gradient (ROCK2, 465 intervals) made 20 power-iteration JVPs each
             z_like = {"a": ct.y1, **{k: keep["y1"] for k in src.carries}}  # (Backsolve's y)
-            carry["st"] = _unknown_resume(
+            carry["st"] = unknown_resume(
                 solver_b, z_like if g_by_steps else {**z_like, "g": g0}, args_diff, tdtype
             )
         if isinstance(control, Adaptive | _Seminorm):
@@ -531,7 +530,7 @@ class _Continuous(AbstractAdjoint):
         # Discrete's gradient; running out of steps or a step underflow raise with throw
         raises = failed & (carry["failed"] != Result.nonfinite)
         if problem.throw:
-            report = partial(_report_backward_failure, type(self).__name__, problem.max_steps)
+            report = partial(report_backward_failure, type(self).__name__, problem.max_steps)
             where = (carry["failed"], s * carry["failed_p"])
             grads = host_check(report, grads, any_member(raises), *where)
         return grads
@@ -607,87 +606,7 @@ class _Continuous(AbstractAdjoint):
         return base
 
 
-def _warn_unseen_switches(name: str, problem: Problem) -> None:
-    """Warn at trace time where ``f`` switches branch in time and the solve says nothing of
-    where (no events, no ``jump_ts``; ``Auto`` may have chosen this adjoint): the
-    backward solve's error norm leaves ``dL/dp`` out (a seminorm), so its steps cross a switch
-    in time unseen and ``dL/dp`` is off by a fraction of the step there, at any tolerance."""
-    if problem.solver.partitioned or problem.events is not None or problem.grid is not None:
-        return
-    if getattr(problem.control, "jump_ts", None) is not None:
-        return
-    try:
-        t0 = problem.direction * problem.tau0
-        labels = time_switch_labels(problem.f, t0, problem.y0, problem.args)
-    except Exception:  # a reader's limit is no reason to refuse the solve: no warning
-        return
-    if labels:
-        warnings.warn(
-            f"og.{name}(): f switches branch in time at {', '.join(labels)}, and the solve has "
-            "no events there: the backward solve's steps cross those times unseen (its error "
-            "control leaves dL/dp out), so dL/dp is off there by far more than the tolerance "
-            "(a jump: a fraction of a step; jnp.interp's knots: 5e-5 at rtol 1e-10). "
-            "Pass events=og.switching_events(f, t0, y0, args) (every adjoint then adds the "
-            "crossing's term), or step=og.Adaptive(jump_ts=...) for switches at known times, or "
-            "use adjoint=og.Discrete().",
-            RuntimeWarning,
-            stacklevel=4,
-        )
-
-
-def _report_backward_failure(name: str, max_steps: int, code, t) -> None:
-    """Host side: the backward solve of some member failed; name why and where."""
-    code, t = np.asarray(code).ravel(), np.asarray(t).ravel()
-    k = int(np.argmax((code != 0) & (code != int(Result.nonfinite))))
-    why = {
-        int(Result.max_steps_reached): f"ran out of steps (max_steps={max_steps} per interval)",
-        int(Result.step_size_underflow): "took a step too small (the adjoint system is stiff)",
-    }.get(int(code[k]), f"failed ({Result(int(code[k])).name})")
-    member = f" (batch member {k})" if code.size > 1 else ""
-    raise RuntimeError(
-        f"og.{name}: the backward (adjoint) solve {why} at t={float(t[k]):.6g}{member}, so the "
-        "gradient is nan. Raise max_steps=, loosen the adjoint's step, or use og.Discrete()."
-    )
-
-
-def _unknown_resume(solver, z, args, tdtype):
-    """A :meth:`~odegrad.solvers.base.AbstractSolver.resume_state` for the backward state ``z``
-    that holds nothing yet (nan), so that ``init_from`` starts afresh; ``None`` for solvers
-    that hand on nothing."""
-
-    def resume(z_):
-        t = jnp.zeros((), tdtype)
-        return solver.resume_state(solver.init(lambda t_, y_, a_: y_, t, z_, args))
-
-    def unknown(x):
-        return jnp.full(x.shape, jnp.nan if jnp.issubdtype(x.dtype, jnp.inexact) else 0, x.dtype)
-
-    return jax.tree.map(unknown, jax.eval_shape(resume, z))
-
-
 def _default_explicit():
     from ..solvers.explicit_rk import Tsit5
 
     return Tsit5()
-
-
-def _vjps(f, problem: Problem):
-    """``(f, vjp, vjp_columns, vjp_state)`` with the products taken by ``jax.vjp`` of ``f``."""
-
-    def vjp(t, y, args_diff, ct):
-        _, pull = jax.vjp(lambda y_, a_: f(t, y_, problem.with_args(a_)), y, args_diff)
-        return pull(ct)
-
-    def vjp_columns(t, y, args_diff, ct):
-        # one product over the columns: dL/dp summed inside it (for a dense layer a
-        # matrix product), not one parameter-sized cotangent per column
-        each = lambda a_: jax.vmap(lambda t_, y_: f(t_, y_, problem.with_args(a_)))
-        _, pull = jax.vjp(lambda y_, a_: each(a_)(t, y_), y, args_diff)
-        return pull(ct)
-
-    def vjp_state(t, y, args_diff, cts):
-        # columns at one point: f linearised once, its transpose applied per column
-        out, pull = jax.vjp(lambda y_: f(t, y_, problem.with_args(args_diff)), y)
-        return out, jax.vmap(pull)(cts)[0]
-
-    return f, vjp, vjp_columns, vjp_state
