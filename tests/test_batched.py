@@ -144,7 +144,8 @@ def _member_steps() -> list[int]:
             og.Forward(),
         ),
         # the dense output 4 steps at a time: each member re-takes its own number of blocks
-        og.Interpolating(dense_rows=4),
+        # (slow tier: test_interpolating_dense_blocks_under_vmap keeps blocks under vmap)
+        pytest.param(og.Interpolating(dense_rows=4), marks=pytest.mark.slow),
     ],
     ids=repr,
 )

@@ -374,7 +374,9 @@ def test_user_vjp_matches_default(adjoint_name):
     assert rel_err(g_user, g_default) < 1e-12
 
 
-@pytest.mark.parametrize("adjoint", [og.Interpolating, og.Quadrature])
+@pytest.mark.parametrize(
+    "adjoint", [og.Interpolating, pytest.param(og.Quadrature, marks=pytest.mark.slow)]
+)
 def test_fixed_backward_steps_take_dt(adjoint):
     """``step=og.Fixed(dt)`` makes the backward solve take equal steps of at most ``dt``
     between its stops (here the saves of an adaptive forward solve), whatever the forward
@@ -645,9 +647,10 @@ def test_interpolating_dense_blocks_one_buffer():
     assert temp < 1.3 * block
 
 
-@pytest.mark.parametrize(
-    "adjoint_name", ["Interpolating", pytest.param("Backsolve", marks=pytest.mark.slow)]
-)  # the mechanism (member_cond's differentiable select) is shared; Backsolve in the slow tier
+@pytest.mark.parametrize(  # (the slow tier: 23 s; Discrete's Hessian stays in the default run)
+    "adjoint_name",
+    [pytest.param(n, marks=pytest.mark.slow) for n in ("Interpolating", "Backsolve")],
+)  # the mechanism (member_cond's differentiable select) is shared
 def test_hessian_forward_over_reverse(adjoint_name):
     # jax.jacfwd(jax.grad(...)) differentiates the backward pass forward: its conditionals
     # (member_cond) and host checks must take a JVP. Against central differences of the

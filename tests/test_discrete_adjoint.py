@@ -935,7 +935,7 @@ def _lv_saves_loss(p, c):
 @pytest.mark.parametrize(
     "checkpoints",
     [
-        3,
+        pytest.param(3, marks=pytest.mark.slow),  # (49, more than the steps, stays by default)
         pytest.param(30, marks=pytest.mark.slow),
         pytest.param(40, marks=pytest.mark.slow),
         pytest.param(48, marks=pytest.mark.slow),

@@ -228,7 +228,10 @@ def bounces(name):
 P_BOUNCE = jnp.array([1.0, 0.8, 9.81])
 
 
-@pytest.mark.parametrize("name", EVERY_ADJOINT)
+@pytest.mark.parametrize(  # (Backsolve's events: test_terminal_impact_matches_closed_form)
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n == "Backsolve" else n for n in EVERY_ADJOINT],
+)
 def test_bouncing_ball_matches_closed_form(name):
     (times, y_t), (d_times, d_y) = bounces(name)(P_BOUNCE)
     exact_times, exact_y = bounces_exact(P_BOUNCE)
@@ -347,7 +350,7 @@ P_DRAG = np.array([1.0, 0.8, 9.81, 0.1])
 @pytest.mark.parametrize(
     "name",
     [
-        "Discrete",
+        pytest.param("Discrete", marks=pytest.mark.slow),  # (Auto's choice is Discrete's too)
         "Auto",
         pytest.param("Forward", marks=pytest.mark.slow),
         pytest.param("Interpolating3", marks=pytest.mark.slow),

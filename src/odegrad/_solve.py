@@ -431,6 +431,15 @@ def _check_times_constant(t_span, step, saveat):
         inputs["StepTo(ts)"] = step.ts
     if saveat.ts is not None:
         inputs["SaveAt(ts)"] = saveat.ts
+    if isinstance(step, Adaptive) and differentiated(step.jump_ts):
+        raise ValueError(
+            "og.solve: Adaptive(jump_ts) is being differentiated (jax.grad or jax.jvp reaches "
+            "it). Jump times are where steps end, constants like step sizes; a derivative with "
+            "respect to a switching time is the jump of f times that time's derivative, which "
+            "only an event gives: write the switch into f as a comparison (t < tau) and pass "
+            "events=og.switching_events(f, t0, y0, args). Where the times are data, wrap them "
+            "in jax.lax.stop_gradient."
+        )
     for name, value in inputs.items():
         if differentiated(value):
             raise ValueError(

@@ -126,7 +126,7 @@ class Adaptive(AbstractStep):
     fresh first stage, as after an event), so that no step's stages straddle the jump and none
     evaluates ``f`` at the jump itself, where either side may be taken. Without it the
     controller finds each jump by rejecting steps. The times are constants of the
-    discretisation, like step sizes: no derivative flows to them. To differentiate with
+    discretisation, like step sizes: a derivative reaching them is refused. To differentiate with
     respect to a switching time, write it into ``f`` as a comparison and use
     ``og.switching_events`` (which also finds the times itself). Times outside the span are
     ignored. The continuous adjoints' backward solves stop at them too. (diffrax's
