@@ -271,3 +271,19 @@ def test_differentiated_jump_times_are_refused():
     step = lambda tau: og.Adaptive(jump_ts=jax.lax.stop_gradient(jnp.stack([tau])))
     fine = lambda tau: og.solve(_table, 0.4, (0.0, 5.0), P, step=step(tau)).ys[-1]
     jax.eval_shape(jax.grad(fine), 2.9)  # (stop_gradient: the times are data)
+
+
+def test_auto_keeps_discrete_across_unseen_time_switches():
+    """Where ``Auto`` would take Interpolating (kinks, many inputs, a tight tolerance) but
+    ``f`` also switches in time unseen, it keeps Discrete and says why; given the jump's time
+    (or its event), Interpolating."""
+
+    def f(t, y, p):  # 40 states: too many inputs for Forward; abs: a kink
+        return -p["k"] * jnp.abs(y) + jnp.where(t < 2.0, p["u0"], p["u1"])
+
+    y0, p = jnp.linspace(-1.0, 1.0, 40), {"k": 0.8, "u0": 1.0, "u1": -0.5}
+    explain = lambda step: og.explain_adjoint(f, y0, (0.0, 5.0), p, step=step)
+    unseen = explain(og.Adaptive(rtol=1e-8, atol=1e-8))
+    assert unseen.startswith("Auto chose Discrete") and "switches branch in time at lt" in unseen
+    seen = explain(og.Adaptive(rtol=1e-8, atol=1e-8, jump_ts=[2.0]))
+    assert seen.startswith("Auto chose Interpolating"), seen

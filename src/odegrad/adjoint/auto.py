@@ -10,6 +10,7 @@ from .._kinks import jacobian_jumps
 from .._loop import LoopOutput, RuntimeGrid
 from .._step import _is_concrete
 from .._tuning import tuning
+from .backward_pieces import unseen_time_switches
 from .base import AbstractAdjoint, Problem
 from .continuous import Interpolating
 from .discrete import Discrete
@@ -46,6 +47,10 @@ class Auto(AbstractAdjoint):
     :class:`Forward` without error control on its sensitivities) is then off by about the square
     root of the tolerance, however small the state's error. On seed 000 (an ``abs`` model, tol
     1e-10) that was 2e-3 against CVODES for :class:`Discrete` and 1e-6 for the two chosen here.
+    Where ``f`` also switches branch in time without events or ``og.Adaptive(jump_ts=)``
+    (``where(t < c)``, a table lookup by ``t``), Interpolating's backward solve would step
+    across those times unseen (its error norm leaves ``dL/dp`` out), far more than the tolerance
+    off: :class:`Discrete` is kept, and the explanation says so.
 
     It never chooses :class:`Backsolve`, whose gradient can drift. ``og.explain_adjoint`` reports
     the choice with its numbers.
@@ -132,7 +137,8 @@ class Auto(AbstractAdjoint):
         rtol = getattr(problem.control, "rtol", None)
         loose = rtol is not None and _is_concrete(rtol) and float(rtol) >= self.kink_rtol
         adaptive = steps is None and not isinstance(problem.control, RuntimeGrid)
-        if adaptive and kinks and not loose:
+        unseen = unseen_time_switches(problem) if adaptive and kinks and not loose else []
+        if adaptive and kinks and not loose and not unseen:
             chosen = Interpolating(memory_budget=self.memory_budget)
             policy = chosen.policy(problem)
             text = (
@@ -165,7 +171,15 @@ class Auto(AbstractAdjoint):
             f"Auto chose Discrete(checkpoints={policy.checkpoints!r}) for {size} and {where}: "
             f"the exact gradient of the discretised solve (step sizes held fixed); {policy.text}."
         ) + stiff
-        if kinks and loose and adaptive:
+        if unseen:
+            text += (
+                f" Note: {kinked}, where Interpolating would be chosen, but f also switches "
+                f"branch in time at {', '.join(unseen)}, which its backward solve would step "
+                "across unseen (its error control leaves dL/dp out: far more than the "
+                "tolerance off); pass events=og.switching_events(f, t0, y0, args) or "
+                "step=og.Adaptive(jump_ts=...) and Interpolating is chosen."
+            )
+        elif kinks and loose and adaptive:
             text += (
                 f" Note: {kinked}; at rtol={float(rtol):g} (>= kink_rtol={self.kink_rtol:g}) "
                 "the error this adds across kinks (about sqrt(tol)) is within a small factor "

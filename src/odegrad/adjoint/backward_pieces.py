@@ -16,20 +16,26 @@ from .._switches import time_switch_labels
 from .base import Problem
 
 
-def warn_unseen_switches(name: str, problem: Problem) -> None:
-    """Warn at trace time where ``f`` switches branch in time and the solve says nothing of
-    where (no events, no ``jump_ts``; ``Auto`` may have chosen this adjoint): the
-    backward solve's error norm leaves ``dL/dp`` out (a seminorm), so its steps cross a switch
-    in time unseen and ``dL/dp`` is off by a fraction of the step there, at any tolerance."""
+def unseen_time_switches(problem: Problem) -> list[str]:
+    """Where ``f`` switches branch in time (:func:`~odegrad._switches.time_switch_labels`) while
+    the solve says nothing of where (no events, no ``jump_ts``): a continuous adjoint's backward
+    solve, whose error norm leaves ``dL/dp`` out (a seminorm), steps across those times unseen,
+    and ``dL/dp`` is off there by far more than the tolerance. ``[]`` when there are none."""
     if problem.solver.partitioned or problem.events is not None or problem.grid is not None:
-        return
+        return []
     if getattr(problem.control, "jump_ts", None) is not None:
-        return
+        return []
     try:
         t0 = problem.direction * problem.tau0
-        labels = time_switch_labels(problem.f, t0, problem.y0, problem.args)
-    except Exception:  # a reader's limit is no reason to refuse the solve: no warning
-        return
+        return time_switch_labels(problem.f, t0, problem.y0, problem.args)
+    except Exception:  # a reader's limit is no reason to refuse the solve: none found
+        return []
+
+
+def warn_unseen_switches(name: str, problem: Problem) -> None:
+    """Warn at trace time of :func:`unseen_time_switches` (``Auto`` avoids them, a continuous
+    adjoint chosen by hand warns)."""
+    labels = unseen_time_switches(problem)
     if labels:
         warnings.warn(
             f"og.{name}(): f switches branch in time at {', '.join(labels)}, and the solve has "
