@@ -183,27 +183,34 @@ class EventSet:
         derivative would be wrong. Where such a jump and a true zero of another event fall at
         the same place (``og.switching_events`` puts one on the ``rem``), the true zero fires,
         at the latest of their located times."""
-        thetas, zeros = [], []
-        band = jnp.sqrt(jnp.finfo(jnp.result_type(before)).eps)
-        for i, cond in enumerate(self.conds):
+        dtype = jnp.result_type(before)
+        eps = jnp.finfo(dtype).eps
+        # crossings tied to a few ulps of the time, not of theta (a short step late in a long
+        # solve): every event crossing within that of the earliest is tied
+        tie = 16 * eps * (1 + jnp.abs(t) / jnp.maximum(jnp.abs(h), eps))
+        tie = lax.stop_gradient(tie.astype(dtype))
 
-            def g(theta, cond=cond):
-                y = interpolate(theta)
-                return jnp.asarray(cond(s * (t + theta * h), y, args)).reshape(())
+        def values_at(theta):
+            y = interpolate(theta)
+            return lax.stop_gradient(self.values(s * (t + theta * h), y, args).astype(dtype))
 
-            theta = _illinois(g, before[i], after[i], crossed[i])
-            thetas.append(jnp.where(crossed[i], theta, jnp.inf))
-            zeros.append(jnp.abs(g(theta)) <= band * (jnp.abs(before[i]) + jnp.abs(after[i])))
-        thetas, zeros = jnp.stack(thetas), jnp.stack(zeros)
-        first = jnp.min(thetas)
-        # (tied to a few ulps of the time, not of theta: a short step late in a long solve)
-        eps = jnp.finfo(thetas.dtype).eps
-        tied = thetas <= first + 16 * eps * (1 + jnp.abs(t) / jnp.maximum(jnp.abs(h), eps))
-        which = jnp.where(jnp.any(tied & zeros), jnp.argmax(tied & zeros), jnp.argmin(thetas))
+        # (the bracket itself as narrow as the time resolves, a quarter of the tie: the jump's
+        # sides are read a few ulps from the located state, which must be that near its surface)
+        _, hi, glo, ghi = _common_root(
+            values_at, before, after, crossed, tie / 4, lambda a, b: crossed & self.crossed(a, b)
+        )
         # the step ends past every tied crossing (an ulp apart): a rem's exact zero at t = P lies
         # before its jump when the solve runs backward in time, and its relation's jump would
-        # fire again an ulp after the restart
-        return jnp.max(jnp.where(tied, thetas, -jnp.inf)), which
+        # fire again an ulp after the restart. So one more look, a tie past the bracket.
+        past = jnp.minimum(hi + tie, 1.0)
+        g_past = values_at(past)
+        later = jnp.any(crossed & self.crossed(ghi, g_past) & ~self.crossed(glo, ghi))
+        end, g_end = jnp.where(later, past, hi), jnp.where(later, g_past, ghi)
+        tied = crossed & self.crossed(glo, g_end)
+        band = jnp.sqrt(eps)
+        zeros = jnp.abs(g_end) <= band * (jnp.abs(before) + jnp.abs(after))
+        which = jnp.where(jnp.any(tied & zeros), jnp.argmax(tied & zeros), jnp.argmax(tied))
+        return jnp.where(jnp.any(crossed), end, jnp.inf), which
 
     def jump(self, which, t, z, args, s):
         """``(t*, y-, y+)`` of event ``which`` at real time ``t`` from the state ``z`` there,
@@ -244,47 +251,55 @@ class EventSet:
         return jnp.asarray(self.terminal)[which]
 
 
-def _illinois(g, g0, g1, active):
-    """A root of ``g`` on ``[0, 1]`` given ``g(0) = g0``, ``g(1) = g1`` of opposite signs (or
-    ``g1 == 0``): the end of the final bracket on ``g1``'s side, so the event has happened there.
-    """
-    one = jnp.ones_like(g1)
+def _common_root(values_at, g0, g1, crossed, tol, crossing):
+    """The bracket ``(lo, hi, g(lo), g(hi))``, at most ``tol`` wide, around the earliest
+    crossing in ``[0, 1]`` of the events ``crossed`` (``g(0) = g0``, ``g(1) = g1``; ``values_at``
+    gives every event's ``cond`` at one ``theta``; ``crossing(ga, gb)``: which of them cross
+    between two such values). One secant point per iteration for all events, the earliest of
+    their estimates, with the Illinois weight ``alpha`` on the end kept twice (the root finder
+    of CVODE, Hiebert & Shampine, "Implicitly defined output points for solutions of ODEs",
+    Sandia report SAND80-0180, 1980): one evaluation of the dense output and of every ``cond``
+    per iteration, one loop however many events."""
+    one = jnp.ones((), g1.dtype)
 
     def cond(c):
         lo, hi, k = c[0], c[1], c[5]
-        width = hi - lo
-        wide = width > 4 * jnp.finfo(width.dtype).eps
-        return any_member(active & wide & (k < ROOT_MAX_ITERATIONS))
+        return any_member(jnp.any(crossed) & (hi - lo > tol) & (k < ROOT_MAX_ITERATIONS))
 
     def body(c):
-        lo, hi, glo, ghi, side, k = c
-        x = jnp.clip((lo * ghi - hi * glo) / (ghi - glo), lo, hi)
-        x = jnp.where(jnp.isfinite(x), x, 0.5 * (lo + hi))
-        gx = lax.stop_gradient(g(x))
-        same_as_lo = jnp.sign(gx) == jnp.sign(glo)
-        # Illinois: when the same end is kept twice, halve its value
-        new_lo = jnp.where(same_as_lo, x, lo)
-        new_glo = jnp.where(same_as_lo, gx, jnp.where(side > 0, 0.5 * glo, glo))
-        new_hi = jnp.where(same_as_lo, hi, x)
-        new_ghi = jnp.where(same_as_lo, jnp.where(side < 0, 0.5 * ghi, ghi), gx)
-        hit = gx == 0
-        new_lo = jnp.where(hit, x, new_lo)
-        new_side = jnp.where(same_as_lo, -1, 1)
-        run = active & (hi - lo > 4 * jnp.finfo(lo.dtype).eps)
+        lo, hi, glo, ghi, alpha, k, side = c
+        inside = crossing(glo, ghi)
+        # the fraction of the bracket below hi where each crossing event's secant lands
+        back = jnp.where(inside, ghi / (ghi - alpha * glo), 0.0)
+        back = jnp.where(jnp.isfinite(back), jnp.clip(back, 0.0, 1.0), 0.5)
+        width = hi - lo
+        x = hi - jnp.max(back) * width
+        # at least half the tolerance inside each end (CVODE's guard; a resolvable time): the
+        # bracket always shrinks
+        room = jnp.minimum(0.5 * tol, 0.25 * width)
+        x = jnp.clip(x, lo + room, hi - room)
+        gx = values_at(x)
+        below = jnp.any(crossing(glo, gx))  # the earliest crossing is in [lo, x]
+        lo = jnp.where(below & jnp.any(inside & (gx == 0)), x, lo)  # on it: done
+        new_side = jnp.where(below, 1, 2)
+        # the same end kept twice: weight it (alpha) so that the next secant reaches past
+        alpha = jnp.where(new_side == side, jnp.where(new_side == 2, 2 * alpha, 0.5 * alpha), one)
+        run = jnp.any(crossed) & (width > tol)
         pick = lambda a, b: jnp.where(run, a, b)
         return (
-            pick(new_lo, lo),
-            pick(new_hi, hi),
-            pick(new_glo, glo),
-            pick(new_ghi, ghi),
-            pick(new_side, side),
+            pick(jnp.where(below, lo, x), lo),
+            pick(jnp.where(below, x, hi), hi),
+            pick(jnp.where(below, glo, gx), glo),
+            pick(jnp.where(below, gx, ghi), ghi),
+            pick(alpha, c[4]),
             k + 1,
+            pick(new_side, side),
         )
 
-    init = (0 * one, one, g0, g1, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
+    init = (0 * one, one, g0, g1, one, jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
     init = jax.tree.map(lax.stop_gradient, init)
-    _, hi, *_ = lax.while_loop(cond, body, init)
-    return hi
+    lo, hi, glo, ghi, *_ = lax.while_loop(lambda c: cond(c), body, init)
+    return lo, hi, glo, ghi
 
 
 SECOND_DERIVATIVES_THROUGH_EVENTS = (
