@@ -547,7 +547,9 @@ def test_second_derivatives_through_events_are_refused(second):
     if second == "hessian":
         with pytest.raises(NotImplementedError, match=r"second derivatives .* with events"):
             transform(jax.jit(t_star))(jnp.array([1.0, 2.0, 9.81]))
-    # first derivatives stay available, forward and reverse
+    # first derivatives stay available, forward and reverse (checked once: the other case)
+    if second == "hessian":
+        return
     exact = jax.grad(lambda x: impact_exact(x)[0])(jnp.array([1.0, 2.0, 9.81]))
     x = jnp.array([1.0, 2.0, 9.81])
     np.testing.assert_allclose(jax.grad(t_star)(x), exact, rtol=1e-5)

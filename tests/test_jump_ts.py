@@ -129,7 +129,7 @@ def test_vmapped_jump_times_per_member():
 @pytest.mark.parametrize(
     "solver, rtol, tol",
     [
-        (og.Kvaerno5(), 1e-8, 1e-6),
+        pytest.param(og.Kvaerno5(), 1e-8, 1e-6, marks=pytest.mark.slow),
         pytest.param(og.Rodas5(), 1e-8, 1e-6, marks=pytest.mark.slow),
         (og.ROCK2(), 1e-6, 1e-4),  # (second order: 1e-8 would take thousands of steps)
     ],
@@ -151,6 +151,7 @@ def test_other_solvers(solver, rtol, tol):
     np.testing.assert_allclose(got, want, rtol=0, atol=tol)
 
 
+@pytest.mark.slow  # (float32 jump times under vmap: test_vmapped_jump_times_per_member's kind)
 def test_float32():
     p = {"k": jnp.float32(0.8), "vals": jnp.asarray(P["vals"], jnp.float32)}
     knots = jnp.asarray(KNOTS, jnp.float32)
