@@ -389,8 +389,8 @@ def _heat_preconditioner(t, u, p, c):
 
 @pytest.mark.parametrize(
     "solver, kw",
-    [
-        (og.Kvaerno5, {"linear_solver": "gmres"}),
+    [  # (both in the slow tier: 23-27 s; the default run keeps gmres's choice, below)
+        pytest.param(og.Kvaerno5, {"linear_solver": "gmres"}, marks=pytest.mark.slow),
         pytest.param(
             og.Rodas5,
             {"linear_solver": "gmres", "preconditioner": _heat_preconditioner},
