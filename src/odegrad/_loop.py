@@ -468,7 +468,7 @@ def while_loop(
         restart = None
         if jumps is not None:  # a fresh first stage past the jump (FSAL: one evaluation)
             restart = accept & lands if events is None else accept & lands & ~ev.fired
-            st1 = lax.cond(any_member(restart), _restart, lambda x: x, (restart, t_new, y1, st1))[3]
+            st1 = run_if(any_member(restart), _restart, (restart, t_new, y1, st1))[3]
             evals = evals + jnp.where(restart, solver.init_evals, 0)
         grid_k = c.grid_k
         if grid_k is not None:
