@@ -122,15 +122,15 @@ class Adaptive(AbstractStep):
 
     ``jump_ts``: times where ``f`` jumps or kinks in ``t`` (the knots of a piecewise-constant
     or ``jnp.interp`` input, dose times), known in advance. A step that would cross one ends
-    an ulp before it and the next starts an ulp after it, with the solver restarted there (a
-    fresh first stage, as after an event), so that no step's stages straddle the jump and none
-    evaluates ``f`` at the jump itself, where either side may be taken. Without it the
+    on it and the solver restarts there (a fresh first stage, as after an event); each step's
+    stages read time strictly inside the jumps around its start, an ulp in, so no step
+    straddles a jump and none evaluates ``f`` at one, where either side may be taken. Without it the
     controller finds each jump by rejecting steps. The times are constants of the
     discretisation, like step sizes: a derivative reaching them is refused. To differentiate with
     respect to a switching time, write it into ``f`` as a comparison and use
     ``og.switching_events`` (which also finds the times itself). Times outside the span are
     ignored. The continuous adjoints' backward solves stop at them too. (diffrax's
-    ``PIDController(jump_ts=)``, SciML's ``tstops`` with ``d_discontinuities``.)
+    ``ClipStepSizeController(jump_ts=)``, SciML's ``tstops`` with ``d_discontinuities``.)
 
     Example:
         >>> step = og.Adaptive(rtol=1e-8, atol=1e-8)
