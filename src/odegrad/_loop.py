@@ -29,7 +29,7 @@ from ._progress import chunked_scan
 from ._recorders import DenseRows, LoopSetup, Recorder, StepRecord, StepTaken, StepTimes
 from ._saving import SaveAtTimes, SavePlan, SaveSteps, ScanSaves
 from ._solution import Result
-from ._step import Adaptive, adapt_step, between_jumps, jump_times, next_jump
+from ._step import Adaptive, adapt_step, between_jumps, jump_times, next_jump, stop_times
 from ._tree import tree_all_finite, tree_bytes, tree_where
 from ._tuning import tuning
 
@@ -332,6 +332,7 @@ def while_loop(
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
     jumps = jump_times(control, s, tdtype) if adaptive else None
+    stops = stop_times(control, s, tdtype) if adaptive else None  # jumps and step_ts
     held_ = (lambda t, y: f) if events is None else (lambda t, y: events.held(f, t, y, args, s))
     # (the stages of a step read time strictly between the jumps around its start)
     held = held_ if jumps is None else (lambda t, y: between_jumps(held_(t, y), jumps, s * t, s))
@@ -400,14 +401,14 @@ def while_loop(
         else:
             h = grid_step(c)
         lands = False
-        if jumps is not None:  # a step that would reach the next jump ends on it
-            jump = next_jump(jumps, c.t)
-            lands = (jump <= tau1) & (c.t + h >= jump)
-            h = jnp.where(lands, jump - c.t, h)
+        if stops is not None:  # a step that would reach the next stop (a jump) ends on it
+            stop = next_jump(stops, c.t)
+            lands = (stop <= tau1) & (c.t + h >= stop)
+            h = jnp.where(lands, stop - c.t, h)
         last = h >= remaining
         t_new = jnp.where(last, tau1, c.t + h)
-        if jumps is not None:
-            t_new = jnp.where(lands & ~last, jump, t_new)
+        if stops is not None:
+            t_new = jnp.where(lands & ~last, stop, t_new)
             lands = lands & ~last
         if take is None:
             res = solver.step(held(s * c.t, c.y), s * c.t, s * h, c.y, args, c.st)
@@ -434,8 +435,8 @@ def while_loop(
             )
             accept = decision.accept & active
             h_next = jnp.where((accept & last) | ~active, c.h, decision.h_next)
-            # past a jump, the size the controller wanted before the jump cut the step short
-            if jumps is not None:
+            # past a stop, the size the controller wanted before the stop cut the step short
+            if stops is not None:
                 h_next = jnp.where(accept & lands, jnp.maximum(h_next, c.h), h_next)
             ratio_prev = jnp.where(active, decision.ratio, c.ratio_prev)
             failed = active & decision.underflow
@@ -467,7 +468,8 @@ def while_loop(
             failure = jnp.where(ev.overflow, Result.max_events_reached, failure)
         restart = None
         if jumps is not None:  # a fresh first stage past the jump (FSAL: one evaluation)
-            restart = accept & lands if events is None else accept & lands & ~ev.fired
+            restart = accept & lands & (stop == next_jump(jumps, c.t))
+            restart = restart if events is None else restart & ~ev.fired
             st1 = run_if(any_member(restart), _restart, (restart, t_new, y1, st1))[3]
             evals = evals + jnp.where(restart, solver.init_evals, 0)
         grid_k = c.grid_k

@@ -92,6 +92,28 @@ PREV_RATIO_FLOOR = 1e-2
 PI34_GAINS = (0.4, 0.3)
 
 
+def _check_times(name: str, ts) -> None:
+    """Refuse ``Adaptive(jump_ts=)`` / ``(step_ts=)`` that are not a 1-d array of real times."""
+    if ts is None:
+        return
+    dtype = np.asarray(ts).dtype if _is_concrete(ts) else jnp.result_type(ts)
+    if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
+        raise TypeError(
+            f"Adaptive({name}=...): {name} must hold real numbers (times), got dtype {dtype}."
+        )
+    shape = np.shape(ts) if _is_concrete(ts) else ts.shape
+    if len(shape) != 1:
+        raise ValueError(
+            f"Adaptive({name}=...): {name} must be a 1-d array of times, got shape {shape}; "
+            "pass jnp.ravel(times) or None."
+        )
+    if _is_concrete(ts) and np.isnan(np.asarray(ts, float)).any():
+        raise ValueError(
+            f"Adaptive({name}=...): {name} holds nan; every entry must be a time (inf pads: it "
+            "is never reached)."
+        )
+
+
 @dataclass(frozen=True)
 class Adaptive(AbstractStep):
     """Error-controlled steps with a PI controller (Gustafsson; Hairer & Wanner II, IV.2).
@@ -132,11 +154,18 @@ class Adaptive(AbstractStep):
     ignored. The continuous adjoints' backward solves stop at them too. (diffrax's
     ``ClipStepSizeController(jump_ts=)``, SciML's ``tstops`` with ``d_discontinuities``.)
 
+    ``step_ts``: times every solve lands a step on, without a restart (``f`` is smooth
+    there): data times whose states should be step ends rather than interpolated, or kinks of
+    ``f`` in ``t`` (a ``jnp.interp`` input's knots) that need no fresh first stage. The
+    continuous adjoints' backward solves land on them too. (diffrax's ``step_ts``, SciML's
+    ``tstops``.)
+
     Example:
         >>> step = og.Adaptive(rtol=1e-8, atol=1e-8)
         >>> i_control = og.Adaptive(rtol=1e-6, atol=1e-6, pcoeff=0.0, icoeff=1.0)
         >>> knots = jnp.arange(1.0, 10.0)   # a piecewise-constant input changes at each
         >>> step = og.Adaptive(jump_ts=knots)
+        >>> step = og.Adaptive(step_ts=jnp.linspace(0.0, 10.0, 11))  # steps end on the data
     """
 
     rtol: float = 1e-6
@@ -149,27 +178,11 @@ class Adaptive(AbstractStep):
     pcoeff: float | None = None
     icoeff: float | None = None
     jump_ts: Any = None
+    step_ts: Any = None
 
     def __post_init__(self):
-        if self.jump_ts is not None:
-            dtype = np.asarray(self.jump_ts).dtype if _is_concrete(self.jump_ts) else None
-            dtype = jnp.result_type(self.jump_ts) if dtype is None else dtype
-            if not (np.issubdtype(dtype, np.integer) or np.issubdtype(dtype, np.floating)):
-                raise TypeError(
-                    f"Adaptive(jump_ts=...): jump_ts must hold real numbers (times), got dtype "
-                    f"{dtype}."
-                )
-            shape = np.shape(self.jump_ts) if _is_concrete(self.jump_ts) else self.jump_ts.shape
-            if len(shape) != 1:
-                raise ValueError(
-                    f"Adaptive(jump_ts=...): jump_ts must be a 1-d array of times, got shape "
-                    f"{shape}; pass jnp.ravel(times) or None."
-                )
-            if _is_concrete(self.jump_ts) and np.isnan(np.asarray(self.jump_ts, float)).any():
-                raise ValueError(
-                    "Adaptive(jump_ts=...): jump_ts holds nan; every entry must be a time (inf "
-                    "pads: it is never reached)."
-                )
+        for name in ("jump_ts", "step_ts"):
+            _check_times(name, getattr(self, name))
         for name in ("rtol", "atol"):
             v = getattr(self, name)
             if _is_concrete(v) and not float(np.asarray(v)) >= 0:
@@ -248,6 +261,16 @@ def jump_times(control, s, tdtype):
     if ts is None:
         return None
     return jnp.sort(lax.stop_gradient(s * jnp.asarray(ts, tdtype)))
+
+
+def stop_times(control, s, tdtype):
+    """Where ``control``'s steps must end, in forward time: its ``jump_ts`` and ``step_ts``
+    together, ascending, as constants, or ``None`` where it has neither."""
+    ts = [getattr(control, name, None) for name in ("jump_ts", "step_ts")]
+    ts = [jnp.ravel(jnp.asarray(t, tdtype)) for t in ts if t is not None]
+    if not ts:
+        return None
+    return jnp.sort(lax.stop_gradient(s * jnp.concatenate(ts)))
 
 
 def next_jump(jumps, tau):

@@ -595,13 +595,12 @@ class _Continuous(AbstractAdjoint):
         if isinstance(base, RuntimeGrid):  # fixed steps: one backward step per forward step
             base = "grid"
         if isinstance(base, Adaptive):
-            jumps = (
-                base.jump_ts
-                if base.jump_ts is not None
-                else getattr(problem.control, "jump_ts", None)
-            )
-            if jumps is not None:  # f jumps there backwards too; the loop's time is tau
-                base = replace(base, jump_ts=problem.direction * jnp.asarray(jumps))
+            # f jumps there backwards too, and steps land there; the loop's time is tau
+            for name in ("jump_ts", "step_ts"):
+                ts = getattr(base, name)
+                ts = getattr(problem.control, name, None) if ts is None else ts
+                if ts is not None:
+                    base = replace(base, **{name: problem.direction * jnp.asarray(ts)})
             return _Seminorm(base, lambda z: {k: v for k, v in z.items() if k != "g"})
         return base
 

@@ -44,7 +44,14 @@ def warn_unseen_switches(name: str, problem: Problem) -> None:
             "(a jump: a fraction of a step; jnp.interp's knots: 5e-5 at rtol 1e-10). "
             "Pass events=og.switching_events(f, t0, y0, args) (every adjoint then adds the "
             "crossing's term), or step=og.Adaptive(jump_ts=...) for switches at known times, or "
-            "use adjoint=og.Discrete().",
+            "use adjoint=og.Discrete()."
+            + (
+                " (step_ts lands steps there but does not restart the solver, which a jump in "
+                "f's value needs: pass such times as jump_ts; at kinks, such as jnp.interp's "
+                "knots, step_ts is enough.)"
+                if getattr(problem.control, "step_ts", None) is not None
+                else ""
+            ),
             RuntimeWarning,
             stacklevel=4,
         )
