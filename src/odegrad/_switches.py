@@ -103,7 +103,7 @@ def switching_events(
         found, skipped, _ = _walk_f(f, t, y, a, kinks)
         labels.extend(label for _, label, *_ in found)
         uncovered.extend(skipped)
-        return [g for g, *_ in found]
+        return [g() for g, *_ in found]
 
     arrays, rebuild, _ = split_arrays(args)  # strings, functions: not for eval_shape
     shapes = jax.eval_shape(lambda t, y, a: describe(t, y, rebuild(a)), t0, y0, arrays)
@@ -276,10 +276,12 @@ def surface_values(f, t, y, args, kinks: bool, with_scale: bool = False):
     with ``with_scale`` the size of each entry's operands, ``|a| + |b|`` for ``a - b``, and the
     levels of the ``floor``-like ones, see :func:`_levels`: ``(values, scales, levels)``)."""
     found, _, _ = _walk_f(f, t, y, args, kinks)
-    dtype = jnp.result_type(*[g for g, *_ in found], t)
-    flat = lambda k: jnp.concatenate([jnp.ravel(e[k]).astype(dtype) for e in found])
+    found = [(g(), scale, levels) for g, _, scale, _, levels in found]
+    dtype = jnp.result_type(*[g for g, _, _ in found], t)
+    flat = lambda xs: jnp.concatenate([jnp.ravel(x).astype(dtype) for x in xs])
+    values = flat([g for g, _, _ in found])
     if not with_scale:
-        return flat(0)
+        return values
 
     def levels(g, lv):  # (is a level, level, below, above, g > 0 above), flattened
         n = jnp.size(g)
@@ -289,8 +291,9 @@ def surface_values(f, t, y, args, kinks: bool, with_scale: bool = False):
             [jnp.ones(n, bool)] + [jnp.ravel(x).astype(dtype) for x in lv[:3]] + [jnp.ravel(lv[3])]
         )
 
-    each = [levels(g, None if lv is None else lv()) for g, *_, lv in found]
-    return flat(0), flat(2), [jnp.concatenate([e[k] for e in each]) for k in range(5)]
+    each = [levels(g, None if lv is None else lv()) for g, _, lv in found]
+    scales = flat([scale() for _, scale, _ in found])
+    return values, scales, [jnp.concatenate([e[k] for e in each]) for k in range(5)]
 
 
 def jump_surfaces(fn, t, y, args):
@@ -298,7 +301,7 @@ def jump_surfaces(fn, t, y, args):
     ``round`` or float-to-integer conversion of ``t`` or ``y`` in it does (its comparisons
     and ``sign`` excepted), flattened into one array; None where it has none."""
     found, _, _ = _walk_f(fn, t, y, args, False)
-    steps = [g for g, _, _, name, _ in found if name in _STEPS - {"sign"}]
+    steps = [g() for g, _, _, name, _ in found if name in _STEPS - {"sign"}]
     if not steps:
         return None
     return jnp.concatenate([jnp.ravel(g).astype(jnp.result_type(t)) for g in steps])
@@ -411,33 +414,38 @@ def _record(eqn, ins, kinks, found, seen, here):
     if not any(map(_inexact, eqn.invars)):
         return None
     order = [_key(v, x) for v, x in zip(eqn.invars, vals, strict=True)]
-    size = [jnp.abs(x) for x in vals]
+    # g and its scale as thunks: only the surface readers call them, while each of the many
+    # evaluations of a held f (every stage of every step, traced again by jvp and vmap) would
+    # otherwise trace them too
+    size = lambda k: jnp.abs(vals[k])
+    shape = jnp.broadcast_shapes(*[jnp.shape(x) for x in vals])
     if name in _RELATIONS or (kinks and name in ("max", "min")):
-        keys, g, scale = sorted(order[:2]), vals[0] - vals[1], size[0] + size[1]
+        keys, g, scale = sorted(order[:2]), lambda: vals[0] - vals[1], lambda: size(0) + size(1)
     elif name == "sign" or (kinks and name == "abs"):
         order = [order[0], ("literal", 0.0)]
-        keys, g, scale = sorted(order), vals[0], size[0]
+        keys, g, scale = sorted(order), lambda: vals[0], lambda: size(0)
     elif kinks and name == "clamp":  # clamp(lo, x, hi)
-        keys, g = order, jnp.stack([vals[1] - vals[0], vals[1] - vals[2]])
-        scale = jnp.stack([size[1] + size[0], size[1] + size[2]])
+        keys, g = order, lambda: jnp.stack([vals[1] - vals[0], vals[1] - vals[2]])
+        scale = lambda: jnp.stack([size(1) + size(0), size(1) + size(2)])
+        shape = (2, *shape)
     elif name in _STEPS and name != "sign":
         if name == "convert_element_type" and _inexact(eqn.outvars[0]):
             return None  # float to float: no jump
-        x = vals[0] + 0.5 if name == "round" else vals[0]
-        c = jnp.abs(jnp.asarray(vals[1] if name == "rem" else 1, jnp.result_type(vals[0])))
-        g = _zero_at_multiples(x, c)
+        x = lambda: vals[0] + 0.5 if name == "round" else vals[0]
+        c = lambda: jnp.abs(jnp.asarray(vals[1] if name == "rem" else 1, jnp.result_type(vals[0])))
+        g = lambda: _zero_at_multiples(x(), c())
         # (|g| ~ c^2 |x - jump| near one: the near band then spans ~sqrt(eps) (|x| + c) of x)
-        keys, scale = order, c * c * (jnp.abs(x) + c)
+        keys, scale = order, lambda: c() * c() * (jnp.abs(x()) + c())
     else:
         return None
     if name != "clamp":
-        shape = jnp.broadcast_shapes(*[jnp.shape(x) for x in vals])
-        g, scale = jnp.broadcast_to(g, shape), jnp.broadcast_to(scale, shape)
+        g = partial(lambda g: jnp.broadcast_to(g(), shape), g)
+        scale = partial(lambda scale: jnp.broadcast_to(scale(), shape), scale)
     # one event per surface: y > 1 in two wheres, or y < 1 beside it, is one crossing
     key = ("surface" if name in _RELATIONS | _KINKS - {"clamp"} | {"sign"} else name, *keys)
     if key not in seen:
-        seen[key] = (seen["entries"], order[:2], jnp.shape(g))
-        seen["entries"] += math.prod(jnp.shape(g))
+        seen[key] = (seen["entries"], order[:2], shape)
+        seen["entries"] += math.prod(shape)
         # (a thunk: only hold_switches reads them)
         levels = partial(_levels, eqn, vals) if name in _STEPS - {"sign"} else None
         found[0].append((g, label, scale, name, levels))
