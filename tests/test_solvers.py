@@ -897,3 +897,62 @@ def test_next_factor_formula():
 def test_bad_gains_raise(kwargs, match):
     with pytest.raises(ValueError, match=match):
         og.Adaptive(**kwargs)
+
+
+def test_tolerances_per_entry():
+    """``atol``/``rtol`` per entry (CVODES' vector ``abstol``): equal entries step exactly as
+    the number does; a loose entry on a component that dominates the error takes fewer steps
+    and keeps the tight one's accuracy; a pytree state takes a pytree; the continuous
+    adjoints' backward solve uses the tightest (checked against the matrix exponential)."""
+    a = jnp.array([[-1.0, 0.5], [0.0, -30.0]])
+    y0 = jnp.array([1.0, 1.0])
+    f = lambda t, y, a: a @ y
+    exact = expm(np.asarray(a) * 2.0) @ np.asarray(y0)
+
+    def run(**tols):
+        sol = og.solve(f, y0, (0.0, 2.0), a, step=og.Adaptive(**tols))
+        return np.asarray(sol.ys[-1]), int(sol.stats["steps"])
+
+    same = run(rtol=1e-6, atol=1e-6)
+    per_entry = run(rtol=jnp.array([1e-6, 1e-6]), atol=np.array([1e-6, 1e-6]))
+    np.testing.assert_array_equal(per_entry[0], same[0])
+    assert per_entry[1] == same[1]
+    loose_fast = run(rtol=1e-6, atol=jnp.array([1e-6, 1e-2]))
+    assert loose_fast[1] < same[1]
+    assert abs(loose_fast[0][0] - exact[0]) < 1e-5
+
+    g = lambda t, y, a: {"u": -y["u"], "v": -2.0 * y["v"]}
+    tols = {"u": 1e-3, "v": jnp.array([1e-9, 1e-10])}
+    sol = og.solve(g, {"u": 1.0, "v": jnp.ones(2)}, (0.0, 1.0), step=og.Adaptive(1e-9, tols))
+    np.testing.assert_allclose(sol.ys["v"][-1], np.exp(-2.0), rtol=1e-8)
+    # the continuous adjoints' backward state is not the state: it traces with the tightest
+    loss = _per_entry_loss(og.Interpolating())
+    assert jax.eval_shape(jax.grad(loss), jnp.eye(2)).shape == (2, 2)
+
+
+def _per_entry_loss(adjoint):
+    step = og.Adaptive(rtol=1e-10, atol=jnp.array([1e-10, 1e-11]))
+    f = lambda t, y, a: a @ y
+    return lambda a: og.solve(f, jnp.ones(2), (0.0, 2.0), a, step=step, adjoint=adjoint).ys[-1, 0]
+
+
+@pytest.mark.slow  # (test_tolerances_per_entry traces the same backward solve)
+@pytest.mark.parametrize("adjoint", [og.Interpolating(), og.Quadrature(), og.Forward()])
+def test_tolerances_per_entry_gradients(adjoint):
+    a = jnp.array([[-1.0, 0.5], [0.0, -30.0]])
+    want = jax.grad(lambda a: (jax.scipy.linalg.expm(a * 2.0) @ jnp.ones(2))[0])(a)
+    got = jax.grad(_per_entry_loss(adjoint))(a)
+    np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "atol, match",
+    [
+        (jnp.array([1e-3, 1e-8, 1e-3]), "shape \\(3,\\) does not broadcast"),
+        ({"a": 1e-8}, "the state's structure"),
+        (np.array([1e-3, -1.0]), "non-negative"),
+    ],
+)
+def test_bad_tolerances_per_entry(atol, match):
+    with pytest.raises(ValueError, match=match):
+        og.solve(lambda t, y, a: -y, jnp.ones(2), (0.0, 1.0), step=og.Adaptive(atol=atol))

@@ -16,6 +16,7 @@ Saving (which step holds a save time, and its value) is :mod:`~odegrad._saving`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -319,6 +320,7 @@ def while_loop(
     events: EventSet | None = None,
     h_guess=None,
     resume=None,
+    stops=None,
 ) -> LoopOutput:
     """Integrate from ``tau0`` to ``tau1 > tau0`` in one ``lax.while_loop``.
 
@@ -328,11 +330,15 @@ def while_loop(
     :mod:`odegrad._events`; ``h_guess``: see :func:`_first_step`. ``resume``: what a solve
     that ended at ``tau0`` left of its solver's state (``LoopOutput.resume``; see
     :meth:`~odegrad.solvers.base.AbstractSolver.init_from`), its own returned likewise.
+    ``stops``: more times (ascending, in ``tau``; ``-inf`` pads) that adaptive steps end on,
+    as ``Adaptive(step_ts=)``'s.
     """
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
     jumps = jump_times(control, s, tdtype) if adaptive else None
-    stops = stop_times(control, s, tdtype) if adaptive else None  # jumps and step_ts
+    # where steps end: the jumps, step_ts and the given stops, each ascending
+    stops = [stop_times(control, s, tdtype), stops] if adaptive else []
+    stops = [x for x in stops if x is not None]
     held_ = (lambda t, y: f) if events is None else (lambda t, y: events.held(f, t, y, args, s))
     # (the stages of a step read time strictly between the jumps around its start)
     held = held_ if jumps is None else (lambda t, y: between_jumps(held_(t, y), jumps, s * t, s))
@@ -401,13 +407,13 @@ def while_loop(
         else:
             h = grid_step(c)
         lands = False
-        if stops is not None:  # a step that would reach the next stop (a jump) ends on it
-            stop = next_jump(stops, c.t)
+        if stops:  # a step that would reach the next stop (a jump) ends on it
+            stop = functools.reduce(jnp.minimum, [next_jump(x, c.t) for x in stops])
             lands = (stop <= tau1) & (c.t + h >= stop)
             h = jnp.where(lands, stop - c.t, h)
         last = h >= remaining
         t_new = jnp.where(last, tau1, c.t + h)
-        if stops is not None:
+        if stops:
             t_new = jnp.where(lands & ~last, stop, t_new)
             lands = lands & ~last
         if take is None:
@@ -436,7 +442,7 @@ def while_loop(
             accept = decision.accept & active
             h_next = jnp.where((accept & last) | ~active, c.h, decision.h_next)
             # past a stop, the size the controller wanted before the stop cut the step short
-            if stops is not None:
+            if stops:
                 h_next = jnp.where(accept & lands, jnp.maximum(h_next, c.h), h_next)
             ratio_prev = jnp.where(active, decision.ratio, c.ratio_prev)
             failed = active & decision.underflow

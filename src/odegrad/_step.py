@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._tree import rms_error_ratio
+from ._tree import rms_error_ratio, tolerance_leaves
 
 
 def _is_concrete(x) -> bool:
@@ -185,11 +185,26 @@ class Adaptive(AbstractStep):
             _check_times(name, getattr(self, name))
         for name in ("rtol", "atol"):
             v = getattr(self, name)
-            if _is_concrete(v) and not float(np.asarray(v)) >= 0:
-                raise ValueError(f"Adaptive({name}={v}): tolerances must be non-negative.")
-        if _is_concrete(self.rtol) and _is_concrete(self.atol):
-            if float(np.asarray(self.rtol)) == 0 and float(np.asarray(self.atol)) == 0:
-                raise ValueError("Adaptive: rtol and atol cannot both be zero.")
+            for leaf in jax.tree.leaves(v):
+                if isinstance(leaf, str) or not _is_concrete(leaf):
+                    continue
+                try:
+                    ok = bool(np.all(np.asarray(leaf, float) >= 0))
+                except (TypeError, ValueError):
+                    ok = False
+                if not ok:
+                    raise ValueError(
+                        f"Adaptive({name}={v}): tolerances must be non-negative numbers: one "
+                        "for every entry, or an array (a pytree) of them like the state."
+                    )
+        rtols, atols = jax.tree.leaves(self.rtol), jax.tree.leaves(self.atol)
+        if all(_is_concrete(x) for x in rtols + atols):
+            no_rtol = all(float(np.max(np.asarray(x))) == 0 for x in rtols)
+            if no_rtol and any(float(np.min(np.asarray(x))) == 0 for x in atols):
+                raise ValueError(
+                    "Adaptive: rtol and atol cannot both be zero (for any entry): the error "
+                    "of an entry at 0 would be divided by 0."
+                )
         if self.dt0 is not None and _is_concrete(self.dt0) and not float(np.asarray(self.dt0)) > 0:
             raise ValueError(
                 f"Adaptive(dt0={self.dt0}): dt0 must be positive (or None for an automatic "
@@ -230,7 +245,8 @@ class Adaptive(AbstractStep):
         if self.dt0 is not None:
             return jnp.minimum(jnp.asarray(self.dt0, span.dtype), span)
         leaves0, leavesf = jax.tree.leaves(y0), jax.tree.leaves(f0)
-        scale = [self.atol + self.rtol * jnp.abs(y) for y in leaves0]
+        rtols, atols = tolerance_leaves(self.rtol, y0, "rtol"), tolerance_leaves(self.atol, y0)
+        scale = [a + r * jnp.abs(y) for y, r, a in zip(leaves0, rtols, atols, strict=True)]
         n = max(sum(int(np.prod(jnp.shape(y))) for y in leaves0), 1)
 
         def norm(vals):

@@ -89,13 +89,53 @@ def tree_size(x: PyTree) -> int:
     return sum(int(np.prod(jnp.shape(leaf))) for leaf in jax.tree.leaves(x))
 
 
+def tolerance_leaves(tol, tree: PyTree, name: str = "atol") -> list:
+    """``tol`` as one value per leaf of ``tree``: a number for every entry, or one per entry
+    (an array shaped like a single-array ``tree``, or a pytree of ``tree``'s structure whose
+    leaves broadcast against its leaves)."""
+    leaves = jax.tree.leaves(tree)
+    tols = jax.tree.leaves(tol)
+    if jax.tree_util.treedef_is_leaf(jax.tree.structure(tol)) and jnp.ndim(tol) == 0:
+        return [tol] * len(leaves)
+    if jax.tree.structure(tol) != jax.tree.structure(tree):
+        raise ValueError(
+            f"Adaptive({name}=...): a tolerance per entry must have the state's structure "
+            f"({jax.tree.structure(tree)}), got {jax.tree.structure(tol)}; or pass one number."
+        )
+    for t, y in zip(tols, leaves, strict=True):
+        try:
+            shape = jnp.broadcast_shapes(jnp.shape(t), jnp.shape(y))
+        except ValueError:
+            shape = None
+        if shape != jnp.shape(y):
+            raise ValueError(
+                f"Adaptive({name}=...): a tolerance of shape {jnp.shape(t)} does not broadcast "
+                f"to its state entry's shape {jnp.shape(y)}."
+            )
+    return tols
+
+
+def tightest_tolerance(tol):
+    """One number for a tolerance given per entry: its smallest (where a solver or a backward
+    solve needs a scalar)."""
+    tols = jax.tree.leaves(tol)
+    if len(tols) == 1 and jnp.ndim(tols[0]) == 0:
+        return tols[0]
+    if all(isinstance(t, int | float | np.ndarray | np.generic) for t in tols):
+        return float(min(np.min(t) for t in tols))
+    return jnp.min(jnp.stack([jnp.min(jnp.asarray(t)) for t in tols]))
+
+
 def rms_error_ratio(err: PyTree, y0: PyTree, y1: PyTree, rtol, atol):
     """RMS over all entries of ``err / (atol + rtol * max(|y0|, |y1|))`` (Hairer's norm); nan
     where ``y1`` holds an inf or a nan (an inf would otherwise give a scale of inf and a ratio of
-    0: a step to inf accepted), which spares the loops a pass of their own over ``y1``."""
+    0: a step to inf accepted), which spares the loops a pass of their own over ``y1``.
+    ``rtol``/``atol``: numbers, or one per entry (:func:`tolerance_leaves`)."""
     num = 0.0
-    for e, a, b in zip(jax.tree.leaves(err), jax.tree.leaves(y0), jax.tree.leaves(y1), strict=True):
-        scale = atol + rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
+    rtols, atols = tolerance_leaves(rtol, y0, "rtol"), tolerance_leaves(atol, y0, "atol")
+    leaves = (jax.tree.leaves(x) for x in (err, y0, y1))
+    for e, a, b, rt, at in zip(*leaves, rtols, atols, strict=True):
+        scale = at + rt * jnp.maximum(jnp.abs(a), jnp.abs(b))
         if jnp.iscomplexobj(e):  # the modulus (a real sum), nan where y1 is
             e, b = jnp.abs(e), jnp.abs(b)
         num = num + entry_sum(jnp.square(e / scale) + b * 0)

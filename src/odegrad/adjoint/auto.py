@@ -9,6 +9,7 @@ import jax
 from .._kinks import jacobian_jumps
 from .._loop import LoopOutput, RuntimeGrid
 from .._step import _is_concrete
+from .._tree import tightest_tolerance
 from .._tuning import tuning
 from .backward_pieces import unseen_time_switches
 from .base import AbstractAdjoint, Problem
@@ -135,6 +136,7 @@ class Auto(AbstractAdjoint):
                 ) + stiff
                 return forward, text
         rtol = getattr(problem.control, "rtol", None)
+        rtol = None if rtol is None else tightest_tolerance(rtol)
         loose = rtol is not None and _is_concrete(rtol) and float(rtol) >= self.kink_rtol
         adaptive = steps is None and not isinstance(problem.control, RuntimeGrid)
         unseen = unseen_time_switches(problem) if adaptive and kinks and not loose else []

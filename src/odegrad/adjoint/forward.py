@@ -28,7 +28,7 @@ from jax.flatten_util import ravel_pytree
 
 from .._kinks import jacobian_jumps
 from .._loop import LoopOutput, RuntimeGrid
-from .._tree import tree_size
+from .._tree import tolerance_leaves, tree_size
 from .base import (
     AbstractAdjoint,
     CustomRule,
@@ -274,8 +274,11 @@ class _SensitivityNorm:
     def error_ratio(self, err, y0, y1):
         ratio = self.base.error_ratio(err[0], y0[0], y1[0])
         num = 0.0
-        for e, a, b in zip(*(jax.tree.leaves(x[1]) for x in (err, y0, y1)), strict=True):
-            scale = self.base.atol + self.base.rtol * jnp.maximum(jnp.abs(a), jnp.abs(b))
+        rtols = tolerance_leaves(self.base.rtol, y0[0], "rtol")
+        atols = tolerance_leaves(self.base.atol, y0[0], "atol")
+        leaves = (jax.tree.leaves(x[1]) for x in (err, y0, y1))
+        for e, a, b, rt, at in zip(*leaves, rtols, atols, strict=True):
+            scale = at + rt * jnp.maximum(jnp.abs(a), jnp.abs(b))
             num = num + jnp.sum(jnp.square(e / scale).reshape(e.shape[0], -1), axis=1)
         per_direction = jnp.sqrt(num / max(self.n_state, 1))
         return jnp.maximum(ratio, jnp.max(per_direction, initial=0.0))

@@ -125,6 +125,12 @@ class StateSource:
         """The forward state at every save time (rows), for sources that read anywhere."""
         raise NotImplementedError
 
+    def step_starts(self, keep, c):
+        """Where the forward steps whose dense output this source reads start (forward time,
+        ascending, ``inf`` after the last), or None: the backward steps end on them (see
+        ``_Continuous._backward``)."""
+        return None
+
     def rhs(self, f, problem: Problem, p, y, args_diff) -> dict:
         """d/dp of the :attr:`carries` components at forward time ``p`` and state ``y``."""
         return {}
@@ -181,6 +187,9 @@ class ForwardDense(StateSource):
     def states_at_saves(self, problem, keep):
         return jax.vmap(lambda p: _from_dense(problem, keep["dense"], p, None))(problem.plan.ts)
 
+    def step_starts(self, keep, c):
+        return keep["dense"][0]
+
     def reader(self, problem, keep, c, hi, within=None):
         return _window_reader(problem, keep["dense"], hi, within)
 
@@ -221,6 +230,9 @@ class _LocalDense(StateSource):
 
     def y(self, problem, keep, c, p, within=None):
         return _from_dense(problem, c["local"], p, within)
+
+    def step_starts(self, keep, c):
+        return c["local"][0]
 
 
 @dataclass(frozen=True)

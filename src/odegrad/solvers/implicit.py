@@ -54,6 +54,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .._batching import member_cond
+from .._tree import tightest_tolerance
 from . import _linear
 from ._newton import stage_root
 from .base import AbstractSolver, StepResult
@@ -339,8 +340,8 @@ class _Implicit(AbstractSolver):
         times the controller's tolerances (unless ``newton_rtol``/``newton_atol`` were given),
         and its GMRES solves at what that Newton test can see. Traced tolerances are ignored
         (the float defaults apply)."""
-        try:
-            rtol, atol = float(rtol), float(atol)
+        try:  # (tolerances per entry: the tightest)
+            rtol, atol = float(tightest_tolerance(rtol)), float(tightest_tolerance(atol))
         except (TypeError, jax.errors.ConcretizationTypeError):
             return self
         new = _copy(self)
