@@ -177,6 +177,24 @@ def test_traced_saveat_ts_checked_when_run(ts):
     np.testing.assert_allclose(good.ys[:, 0], np.exp(-np.array([0.2, 0.7])), rtol=1e-5)
 
 
+def test_traced_step_to_checked_when_run():
+    """A traced StepTo(ts) off the span or out of order stepped y0 from ts[0] and called the
+    state at ts[-1] the one at t1, with result success (y(1) = 0.61 for 0.37). The result
+    says so now; throw=True raises, naming the rule."""
+
+    def solve(ts, throw):
+        return og.solve(decay, Y0, (0.0, 1.0), solver=og.RK4(), step=og.StepTo(ts), throw=throw)
+
+    run = jax.jit(solve, static_argnums=1)
+    bad = [[0.5, 0.75, 1.0], [0.0, 0.25, 0.5], [0.0, 0.7, 0.3, 1.0]]
+    for ts in bad:
+        assert int(run(jnp.array(ts), False).result) == og.Result.invalid_step_times, ts
+    with raises(RuntimeError, "StepTo(ts) must run strictly monotonically"):
+        jax.block_until_ready(run(jnp.array(bad[0]), True).ys)
+    good = run(jnp.array([0.0, 0.5, 1.0]), True)
+    np.testing.assert_allclose(good.ys[-1, 0], np.exp(-1.0), rtol=1e-2)
+
+
 @pytest.mark.parametrize("step", [og.Fixed(0.1), og.Adaptive()], ids=["fixed", "adaptive"])
 def test_traced_t_span_not_finite(step):
     """A traced t1 that is nan took no step and returned y0 as a success; it is
@@ -564,3 +582,17 @@ def test_gradient_of_nonfinite_start_raises():
 
     with raises(RuntimeError, "args['k'] holds inf"):
         jax.jit(jax.grad(loss))(jnp.inf)
+
+
+def test_evaluate_outside_the_span_is_nan():
+    """Dense output past the span extrapolated silently (``evaluate(1.5)`` gave 0.266 for
+    ``exp(-1.5) = 0.223``; past a terminal event, a ball under the floor): it is nan there,
+    as diffrax's is past an event; a vmapped Solution says how to evaluate its members."""
+    sol = og.solve(decay, Y0, (0.0, 1.0), saveat=og.SaveAt(dense=True))
+    got = np.asarray(sol.evaluate(jnp.array([-0.5, 0.0, 0.5, 1.0, 1.5])))[:, 0]
+    assert np.isnan(got[[0, 4]]).all()
+    np.testing.assert_allclose(got[1:4], np.exp(-np.array([0.0, 0.5, 1.0])), rtol=1e-5)
+    batch = jax.vmap(lambda y: og.solve(decay, y, (0.0, 1.0), saveat=og.SaveAt(dense=True)))
+    sols = batch(jnp.ones((2, 3)))
+    with raises(ValueError, "jax.vmap(lambda s: s.evaluate(t))(sol)"):
+        sols.evaluate(0.5)

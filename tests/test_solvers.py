@@ -956,3 +956,19 @@ def test_tolerances_per_entry_gradients(adjoint):
 def test_bad_tolerances_per_entry(atol, match):
     with pytest.raises(ValueError, match=match):
         og.solve(lambda t, y, a: -y, jnp.ones(2), (0.0, 1.0), step=og.Adaptive(atol=atol))
+
+
+def test_float32_times_far_from_zero():
+    """float32 time: a step moves ``y`` by the ``h`` that ``t`` actually moved (``t + h``
+    rounds: from ``t0 = 1e6``, ``y(t0 + 0.5)`` was 0.6365 for 0.6065, reported a success), and
+    the smallest step is relative to where a step starts, not to the span's far end (a fast
+    start on ``(0, 1e4)`` was refused at ``t = 0`` as a step size underflow)."""
+    far = og.solve(lambda t, y, a: -y, jnp.float32(1.0), (1e6, 1e6 + 0.5))
+    assert abs(float(far.ys[-1]) - np.exp(-0.5)) < 1e-5
+    w, k = 3000.0, 100.0
+    fast = lambda t, y, a: jnp.cos(w * t) * jnp.exp(-k * t)
+    sol = og.solve(fast, jnp.float32(0.0), (0.0, 1e4))
+    assert abs(float(sol.ys[-1]) - k / (w * w + k * k)) < 5e-5
+    # a long float64 span that needs more steps than allowed says so (it said "stiff")
+    sol = og.solve(lambda t, y, a: -y, 1.0, (0.0, 1e8), throw=False)
+    assert og.Result(int(sol.result)) == og.Result.max_steps_reached

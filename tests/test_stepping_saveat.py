@@ -521,6 +521,7 @@ def test_result_codes():
         "max_events_reached",
         "invalid_save_times",
         "invalid_t_span",
+        "invalid_step_times",
     ]
     sol = jax.jit(lambda y: og.solve(blowup, y, (0.0, 0.5)))(jnp.asarray(1.0))
     assert int(sol.result) == og.Result.success

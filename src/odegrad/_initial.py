@@ -140,6 +140,9 @@ def failure_locator(problem, out, y_start, t0):
     if out.fail_t is not None:  # a checked loop says where it stopped: no rows to search
         loop = loop._replace(t1=None, ts_ys=None, steps_ts=None, steps_ys=None)
     grid = problem.grid
+    # a traced grid (StepTo of traced times) goes to the host as an operand: a closure over
+    # it would leak its tracer into the callback
+    traced_grid = grid is not None and isinstance(grid, jax.core.Tracer)
 
     def gather():
         start = (
@@ -149,17 +152,18 @@ def failure_locator(problem, out, y_start, t0):
             list(problem.args[1]),
         )
         ran = (loop, problem.plan.ts, problem.tau0, t0, problem.direction)
+        ran = (*ran, grid) if traced_grid else ran
         return jax.tree.map(jnp.asarray, ran), start
 
     def locate(ran, start):
         nb = np.ndim(ran[0].result)  # the batch's axes: a member's result is a scalar
         batch = np.broadcast_shapes(*(np.shape(x)[:nb] for x in jax.tree.leaves((ran, start))))
         ran = jax.tree.map(lambda x: np.broadcast_to(x, batch + np.shape(x)[nb:]), ran)
-        out_, save_times, tau0, t0_, s = ran
+        out_, save_times, tau0, t0_, s, *given = ran
         tau, step, how = np.zeros(batch), np.zeros(batch, np.int64), np.zeros(batch, np.int64)
         for i in np.ndindex(batch):
-            o, ts, tau0_i = jax.tree.map(lambda x: x[i], (out_, save_times, tau0))
-            tau[i], step[i], how[i] = locate_failure(o, grid, ts, tau0_i, xp=np)
+            o, ts, tau0_i, *g = jax.tree.map(lambda x: x[i], (out_, save_times, tau0, *given))
+            tau[i], step[i], how[i] = locate_failure(o, g[0] if g else grid, ts, tau0_i, xp=np)
         code, info = _locate_on_host(out_.result, _failed_at_start(problem, out_, tau0), *start)
         # a non-finite y0 or f(t0, y0, args) fails at the start, though a scan runs on
         initial = code != out_.result

@@ -264,7 +264,7 @@ class LoopState(NamedTuple):
 
 def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_guess=None):
     """The first step size to try, rhs evaluations of the start (``st_evals`` those of the
-    solver's state), and the smallest step.
+    solver's state), and the smallest step, a function of where a step starts.
 
     ``h_guess``: a step size carried over from a solve that ended where this one starts (the
     continuous adjoints' previous interval); where it is not finite, Hairer & Wanner's choice.
@@ -297,9 +297,16 @@ def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_gu
             h0 = lax.cond(missing, lambda: jnp.where(known, guess, pick()), lambda: guess)
             init_evals = st_evals + missing.astype(jnp.int32)
         floor_ = control.dtmin
-    floor = 4 * jnp.finfo(jnp.result_type(tau0)).eps * jnp.maximum(jnp.abs(tau0), jnp.abs(tau1))
-    if floor_ is not None:
-        floor = jnp.maximum(floor, floor_)
+    eps = jnp.finfo(jnp.result_type(tau0)).eps
+    # the smallest step is relative to where the step starts (a step below ~eps |t| does not
+    # move t; one relative to the span's ends refused a stiff start at t = 0 on a long float32
+    # span), and at least eps^2 of the span there (t = 0)
+    span_floor = 4 * eps * eps * jnp.abs(tau1 - tau0)
+    dtmin = span_floor if floor_ is None else jnp.maximum(span_floor, floor_)
+
+    def floor(tau):
+        return jnp.maximum(4 * eps * jnp.abs(tau), dtmin)
+
     return h0, init_evals, floor
 
 
@@ -416,6 +423,11 @@ def while_loop(
         if stops:
             t_new = jnp.where(lands & ~last, stop, t_new)
             lands = lands & ~last
+        if adaptive:
+            # the step the time took: t + h rounds (float32 at t = 1e6 by up to 0.03), and y
+            # stepped by h while t moved by another amount drifts from the solution (5 % at
+            # t0 = 1e6 over 0.5); a grid's t + h lands on its point already
+            h = t_new - c.t
         if take is None:
             res = solver.step(held(s * c.t, c.y), s * c.t, s * h, c.y, args, c.st)
             pullback = None
@@ -436,7 +448,7 @@ def while_loop(
                 c.ratio_prev,
                 solver.embedded_order,
                 solver.prev_ratio_floor,
-                floor,
+                floor(c.t),
                 solver.pi_gains,
             )
             accept = decision.accept & active

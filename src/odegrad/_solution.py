@@ -29,6 +29,8 @@ class Result(enum.IntEnum):
     * ``invalid_save_times``: traced ``SaveAt(ts)`` out of order or outside ``t_span`` (concrete
       ones raise when the solve is traced).
     * ``invalid_t_span``: a traced ``t_span`` holds inf or nan (a concrete one raises).
+    * ``invalid_step_times``: a traced ``StepTo(ts)`` (or ``t_span``) whose ``ts`` do not run
+      strictly from ``t0`` to ``t1`` (concrete ones raise).
 
     With ``throw=True`` the error names the leaf at fault (``y0['x']``, ``args['k']``).
     """
@@ -42,6 +44,7 @@ class Result(enum.IntEnum):
     max_events_reached = 6
     invalid_save_times = 7
     invalid_t_span = 8
+    invalid_step_times = 9
 
     @property
     def message(self) -> str:
@@ -80,6 +83,10 @@ _MESSAGES = {
         "t_span holds inf or nan (t0 and t1 must be finite); checked when the solve ran, as "
         "t_span was traced"
     ),
+    Result.invalid_step_times: (
+        "StepTo(ts) must run strictly monotonically from ts[0] == t0 to ts[-1] == t1; checked "
+        "when the solve ran, as ts (or t_span) was traced"
+    ),
 }
 
 
@@ -117,7 +124,8 @@ class Solution:
         return cls(ts, ys, stats, result, dense, aux[0], direction, events)
 
     def evaluate(self, t) -> Any:
-        """The solution at time(s) ``t`` from the dense output (needs ``SaveAt(dense=True)``).
+        """The solution at time(s) ``t`` from the dense output (needs ``SaveAt(dense=True)``):
+        ``nan`` outside the span the solve covered (``t_span``, or up to a terminal event).
 
         Example:
             >>> sol = og.solve(f, y0, (0.0, 1.0), saveat=og.SaveAt(dense=True))
@@ -127,15 +135,24 @@ class Solution:
             raise ValueError(
                 "sol.evaluate(t) needs dense output: pass saveat=og.SaveAt(dense=True, ...)."
             )
+        if jnp.ndim(self._dense[0]) > 1:
+            raise ValueError(
+                "sol.evaluate(t): this Solution holds a batch of solves (it came out of "
+                "jax.vmap); evaluate each member: jax.vmap(lambda s: s.evaluate(t))(sol)."
+            )
         t = jnp.asarray(t)
         if t.ndim > 0:
             return jax.vmap(self.evaluate)(t)
         from ._loop import dense_evaluate
 
-        value = dense_evaluate(self._solver, self._dense, self._direction * t)
-        n, y_start = self._dense[3:]
+        tau = self._direction * t
+        value = dense_evaluate(self._solver, self._dense, tau)
+        starts, _, _, n, y_start = self._dense
         # a span traced to t1 == t0 takes no step: the solution there is y0
-        return jax.tree.map(lambda v, y: jnp.where(n == 0, y, v), value, y_start)
+        value = jax.tree.map(lambda v, y: jnp.where(n == 0, y, v), value, y_start)
+        # (past the ends the interpolant extrapolates: 0.266 for exp(-1.5) = 0.223)
+        inside = (tau >= starts[0]) & (tau <= starts[n])
+        return jax.tree.map(lambda v: jnp.where(inside, v, jnp.nan), value)
 
     def __repr__(self) -> str:
         shapes = jax.tree.map(lambda x: getattr(x, "shape", x), self.ys)

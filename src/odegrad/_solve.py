@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -153,8 +154,8 @@ def _solve(
     out = adjoint.run(problem)
     if ts_valid is not None:  # traced save times, out of order or outside the span
         out = out._replace(result=jnp.where(ts_valid, out.result, Result.invalid_save_times))
-    if span_valid is not None:
-        out = out._replace(result=jnp.where(span_valid, out.result, Result.invalid_t_span))
+    if span_valid is not None:  # (valid, the result otherwise)
+        out = out._replace(result=jnp.where(span_valid[0], out.result, span_valid[1]))
 
     ts, ys = assemble(saveat, problem.plan, s, t0, problem.tau0, y0, args_ext, out)
     # A while loop that failed at t0 never moved: its final state is y0, and reading it rather
@@ -279,7 +280,20 @@ def _build_problem(
         events=EventSet.build(events, event_fns, f_args, solver.partitioned, max_events, hold),
     )
     ts_valid = save_times_valid(ts_tau, tau0, tau1)
+    if isinstance(step, StepTo) and not all(map(_is_concrete, (grid, tau0, tau1))):
+        # a traced StepTo(ts) off the span or out of order would step y0 from ts[0] and call
+        # the state at ts[-1] the one at t1 (a success), so the result says so
+        order = jnp.all(grid[1:] > grid[:-1])
+        span_valid = _all_valid(span_valid, order & (grid[0] == tau0) & (grid[-1] == tau1))
+        span_valid = (span_valid, Result.invalid_step_times)
+    elif span_valid is not None:
+        span_valid = (span_valid, Result.invalid_t_span)
     return problem, (saveat, s, t0, args_ext, y0, ts_valid, span_valid)
+
+
+def _all_valid(*checks):
+    checks = [c for c in checks if c is not None]
+    return functools.reduce(jnp.logical_and, checks)
 
 
 def explain_adjoint(
