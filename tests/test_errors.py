@@ -78,10 +78,15 @@ def test_partitioned_half_returns_other_shape():
 # the time span and save times
 
 
-@pytest.mark.parametrize("span", [(1.0, 1.0), (0, 0.0)])
-def test_t_span_equal_ends(span):
-    with raises(ValueError, "t_span=", "is empty", "t0 and t1 must differ"):
-        og.solve(decay, Y0, span)
+@pytest.mark.parametrize("step", [og.Adaptive(), og.Fixed(0.1)], ids=["adaptive", "fixed"])
+def test_t_span_equal_ends(step):
+    """An empty span is the solution y0 with no step taken (it was refused; a traced one, and
+    diffrax, gave y0), and its gradient the identity."""
+    sol = og.solve(decay, Y0, (1.0, 1.0), step=step, saveat=og.SaveAt(t0=True, ts=[1.0], t1=True))
+    np.testing.assert_array_equal(sol.ys, np.ones((3, 3)))
+    assert int(sol.stats["steps"]) == 0 and int(sol.result) == og.Result.success
+    grad = jax.grad(lambda y: og.solve(decay, y, (0, 0.0), step=step).ys[-1].sum())(Y0)
+    np.testing.assert_array_equal(grad, np.ones(3))
 
 
 @pytest.mark.parametrize("span", [(0.0,), (0.0, 1.0, 2.0), 1.0])
@@ -596,3 +601,25 @@ def test_evaluate_outside_the_span_is_nan():
     sols = batch(jnp.ones((2, 3)))
     with raises(ValueError, "jax.vmap(lambda s: s.evaluate(t))(sol)"):
         sols.evaluate(0.5)
+
+
+def test_wrong_argument_counts_name_the_convention():
+    """A two-argument f (torchdiffeq's, scipy's order) or a one-argument SaveAt(fn) raised
+    Python's bare "takes 2 positional arguments but 3 were given"; and SaveAt(ts=[]) an
+    IndexError from deep inside the solve."""
+    with raises(TypeError, "f(t, y, args) failed", "lambda t, y, args: f(t, y)"):
+        og.solve(lambda t, y: -y, Y0, (0.0, 1.0))
+    with raises(TypeError, "SaveAt(fn)(t, y, args) failed", "lambda t, y, args: fn(y)"):
+        og.solve(decay, Y0, (0.0, 1.0), saveat=og.SaveAt(t1=True, fn=lambda y: y))
+    with raises(ValueError, "SaveAt(ts): ts must be a 1-d array of at least one time"):
+        og.SaveAt(ts=[])
+
+
+def test_half_precision_below_its_resolution():
+    """A float16 state at the default rtol failed at t0 as "non-finite" (bfloat16: "step size
+    underflow ... stiff"): the tolerance is below the dtype's resolution, and the message says
+    so; at a tolerance it resolves, it solves."""
+    with raises(ValueError, "below what a float16 state resolves", "float32"):
+        og.solve(decay, jnp.ones(2, jnp.float16), (0.0, 1.0))
+    sol = og.solve(decay, jnp.ones(2, jnp.float16), (0.0, 1.0), step=og.Adaptive(1e-2, 1e-3))
+    np.testing.assert_allclose(np.asarray(sol.ys[-1], float), np.exp(-1.0), rtol=5e-3)

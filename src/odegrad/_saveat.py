@@ -6,7 +6,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,8 +45,14 @@ class SaveAt:
                 "SaveAt: give either ts=... or steps=True, not both (use dense=True to also "
                 "evaluate the solution anywhere)."
             )
-        if self.ts is not None and jax.numpy.ndim(self.ts) != 1:
-            raise ValueError(f"SaveAt(ts): ts must be 1-d, got shape {jax.numpy.shape(self.ts)}.")
+        if self.ts is not None:
+            shape = getattr(self.ts, "shape", None)
+            shape = np.shape(self.ts) if shape is None else shape
+            if len(shape) != 1 or shape[0] == 0:
+                raise ValueError(
+                    f"SaveAt(ts): ts must be a 1-d array of at least one time, got shape "
+                    f"{tuple(shape)}; to save nothing in between, leave ts=None."
+                )
         if not (self.t0 or self.t1 or self.ts is not None or self.steps or self.dense):
             raise ValueError(
                 "SaveAt() saves nothing: set t0, t1, ts, steps or dense (the default of "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
 from ._switches import switch_holder
 from ._times import may_differentiate_times, solve_with_time_derivatives
 from ._tracers import derivative_levels, differentiated
-from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays
+from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays, tightest_tolerance
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
 from .solvers.base import AbstractSolver
@@ -192,6 +193,8 @@ def _build_problem(
         _check_complex_state(solver, adjoint)
     # times are real: a complex state's real counterpart
     tdtype = jnp.finfo(jnp.result_type(*jax.tree.leaves(y0))).dtype
+    if isinstance(step, Adaptive):
+        _check_precision(step, tdtype)
     t0, t1 = _check_t_span(t_span, tdtype)
     _check_times_constant(t_span, step, saveat)
     s = _direction(t0, t1)
@@ -217,7 +220,8 @@ def _build_problem(
     # Move arrays that f and fn close over into args, so that every adjoint sees them.
     f_args, f_consts = _closure_convert_rhs(f, solver, t0, y0, arrays)
     fn = saveat.fn if saveat.fn is not None else (lambda t, y, a: y)
-    fn_conv, fn_consts = hoist_closure(_with_user_args(fn, user_args), t0, y0, arrays)
+    hoisted = lambda: hoist_closure(_with_user_args(fn, user_args), t0, y0, arrays)
+    fn_conv, fn_consts = _called_as("SaveAt(fn)", "(t, y, args)", hoisted, "fn(y)")
     event_fns, ev_consts = _closure_convert_events(events, user_args, t0, y0, arrays)
     args_ext = (arrays, f_consts, fn_consts, ev_consts)
 
@@ -473,16 +477,41 @@ def _check_t_span(t_span, tdtype):
         raise ValueError(f"t_span entries must be scalars, got shapes {t0.shape}, {t1.shape}.")
     if _is_concrete(t0) and _is_concrete(t1):
         a, b = float(t0), float(t1)
-        if a == b:
-            raise ValueError(f"t_span=({a}, {b}) is empty: t0 and t1 must differ.")
         if not (np.isfinite(a) and np.isfinite(b)):
             raise ValueError(f"t_span=({a}, {b}) must be finite.")
     return t0, t1
 
 
+def _check_precision(step: Adaptive, dtype) -> None:
+    """Refuse a half-precision state whose dtype cannot resolve the relative tolerance: every
+    step's error would be rounding (float16 at the default rtol failed at t0 as "non-finite",
+    bfloat16 as "step size underflow")."""
+    eps = float(jnp.finfo(dtype).eps)
+    rtol = tightest_tolerance(step.rtol)
+    if jnp.dtype(dtype).itemsize < 4 and _is_concrete(rtol) and float(rtol) < 10 * eps:
+        raise ValueError(
+            f"og.Adaptive(rtol={float(rtol):g}) is below what a {jnp.dtype(dtype).name} state "
+            f"resolves (its eps is {eps:.3g}): solve in float32 (y0.astype(jnp.float32)), or "
+            f"pass rtol >= {10 * eps:.2g}."
+        )
+
+
+def _called_as(name: str, signature: str, call, wrapped: str = "f(t, y)"):
+    """``call()``, where a wrong number of arguments says how ``name`` is called."""
+    try:
+        return call()
+    except TypeError as e:
+        if "positional argument" not in str(e):
+            raise
+        raise TypeError(
+            f"{name}{signature} failed: {e}. odegrad calls {name}{signature} (diffrax's order); "
+            f"wrap a function of fewer arguments, e.g. lambda t, y, args: {wrapped}."
+        ) from e
+
+
 def _direction(t0, t1):
     if _is_concrete(t0) and _is_concrete(t1):
-        return 1.0 if float(t1) > float(t0) else -1.0
+        return 1.0 if float(t1) >= float(t0) else -1.0
     return jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
 
 
@@ -498,7 +527,7 @@ def _check_rhs(f, solver, t0, y0, args):
     else:
         pairs = [("f", f, y0, y0)]
     for name, fun, arg, like in pairs:
-        out = jax.eval_shape(fun, t0, arg, args)
+        out = _called_as(name, "(t, y, args)", lambda: jax.eval_shape(fun, t0, arg, args))
         want = jax.eval_shape(lambda: like)
         if jax.tree.structure(out) != jax.tree.structure(want):
             raise ValueError(
@@ -519,12 +548,22 @@ def _check_rhs(f, solver, t0, y0, args):
                 )
 
 
+#: ``Fixed(dt)`` takes ``ceil(span / dt)`` steps, never longer than ``dt`` (an explicit PDE
+#: scheme's stability limit), but a quotient a rounding error over an integer (``1 / 0.1``,
+#: float32 times) counts as that integer: its steps are then at most this much longer than dt.
+FIXED_SLACK = 1e-6
+
+
 def _grid(step, solver, t0, t1, s, tdtype, max_steps):
     """A static-length grid in forward time, or (None, control) for while-loop stepping."""
+    if _is_concrete(t0) and _is_concrete(t1) and float(t0) == float(t1):
+        # an empty span takes no step (y0 is the solution), as a traced one does: in the
+        # while loop, which tests t < t1 before a first step (a grid's scan would take one)
+        return None, RuntimeGrid(1)
     if isinstance(step, Fixed):
         if _is_concrete(t0) and _is_concrete(t1) and _is_concrete(step.dt):
             span = abs(float(t1) - float(t0))
-            n = max(1, round(span / float(step.dt)))
+            n = max(1, math.ceil(span / float(step.dt) * (1 - FIXED_SLACK)))
             if n > max_steps:
                 raise ValueError(
                     f"Fixed(dt={step.dt}) over t_span=({float(t0)}, {float(t1)}) takes {n} steps "
@@ -537,7 +576,8 @@ def _grid(step, solver, t0, t1, s, tdtype, max_steps):
             grid = tau0 + (tau1 - tau0) * (k * np.asarray(1.0 / n, tdtype))
             grid[-1] = tau1
             return grid, None
-        n = jnp.maximum(1, jnp.round(jnp.abs(t1 - t0) / step.dt)).astype(jnp.int32)
+        n = jnp.ceil(jnp.abs(t1 - t0) / step.dt * (1 - FIXED_SLACK))
+        n = jnp.maximum(1, n).astype(jnp.int32)
         return None, RuntimeGrid(n)
     if isinstance(step, StepTo):
         ts = _as_time(step.ts, tdtype)

@@ -39,10 +39,13 @@ class AbstractStep:
 
 @dataclass(frozen=True)
 class Fixed(AbstractStep):
-    """Constant steps: exactly ``round((t1 - t0) / dt)`` of them, the last landing on ``t1``.
+    """Constant steps: ``n = ceil((t1 - t0) / dt)`` of them, the last landing on ``t1``.
 
-    The actual step is ``(t1 - t0) / n`` so that the grid ends exactly at ``t1``. With concrete
-    ``t_span`` and ``dt`` the count is static and the solve is one ``lax.scan``.
+    The actual step is ``(t1 - t0) / n``, never longer than ``dt`` (an explicit scheme's
+    stability limit holds; diffrax's ``ConstantStepSize`` likewise), so that the grid ends
+    exactly at ``t1``; a quotient within 1e-6 over an integer (``1 / 0.1``) counts as that
+    integer. With concrete ``t_span`` and ``dt`` the count is static and the solve is one
+    ``lax.scan``.
 
     Example:
         >>> step = og.Fixed(0.01)   # 100 steps over t_span=(0, 1)

@@ -71,10 +71,12 @@ class Problem:
 
     @property
     def always_moves(self) -> bool:
-        """Whether the solve takes at least one step: a concrete span does (t1 != t0 is
-        checked); one traced under ``jax.jit`` may be empty (t1 == t0), and its saves at t0
-        are then ``fn(t0, y0)`` written by no step (``_loop._saves_at_start``)."""
-        return not any(isinstance(t, jax.core.Tracer) for t in (self.tau0, self.tau1))
+        """Whether the solve takes at least one step: a concrete span does unless t1 == t0;
+        one traced under ``jax.jit`` may be empty, and its saves at t0 are then
+        ``fn(t0, y0)`` written by no step (``_loop._saves_at_start``)."""
+        if any(isinstance(t, jax.core.Tracer) for t in (self.tau0, self.tau1)):
+            return False
+        return bool(self.tau1 != self.tau0)
 
     @property
     def runs_on(self) -> bool:
