@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 
 from .._batching import member_cond
@@ -76,7 +77,7 @@ class Problem:
         ``fn(t0, y0)`` written by no step (``_loop._saves_at_start``)."""
         if any(isinstance(t, jax.core.Tracer) for t in (self.tau0, self.tau1)):
             return False
-        return bool(self.tau1 != self.tau0)
+        return bool(np.asarray(self.tau1) != np.asarray(self.tau0))  # (numpy: jit traces jnp)
 
     @property
     def runs_on(self) -> bool:
