@@ -444,7 +444,7 @@ def test_wrong_kind_of_argument():
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
-        ({"t_span": (1.0, 1.0)}, "t0 and t1 must differ"),
+        ({"t_span": (1.0, np.inf)}, "must be finite"),
         ({"saveat": og.SaveAt(ts=np.array([0.5, 0.2]))}, "sorted in the direction"),
         ({"saveat": og.SaveAt(ts=np.array([0.5, 2.0]))}, "outside t_span"),
         ({"step": og.Fixed(0.01), "solver": og.RK4(), "max_steps": 50}, "max_steps>=100"),
@@ -611,7 +611,7 @@ def test_wrong_argument_counts_name_the_convention():
         og.solve(lambda t, y: -y, Y0, (0.0, 1.0))
     with raises(TypeError, "SaveAt(fn)(t, y, args) failed", "lambda t, y, args: fn(y)"):
         og.solve(decay, Y0, (0.0, 1.0), saveat=og.SaveAt(t1=True, fn=lambda y: y))
-    with raises(ValueError, "SaveAt(ts): ts must be a 1-d array of at least one time"):
+    with raises(ValueError, "SaveAt(ts): ts must be 1-d with at least one time"):
         og.SaveAt(ts=[])
 
 

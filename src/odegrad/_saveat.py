@@ -50,7 +50,7 @@ class SaveAt:
             shape = np.shape(self.ts) if shape is None else shape
             if len(shape) != 1 or shape[0] == 0:
                 raise ValueError(
-                    f"SaveAt(ts): ts must be a 1-d array of at least one time, got shape "
+                    f"SaveAt(ts): ts must be 1-d with at least one time, got shape "
                     f"{tuple(shape)}; to save nothing in between, leave ts=None."
                 )
         if not (self.t0 or self.t1 or self.ts is not None or self.steps or self.dense):

@@ -13,6 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._batching import vmap_batch_size
+from ._checks import (
+    as_state,
+    called_as,
+    check_complex_state,
+    check_precision,
+    check_rhs,
+    check_t_span,
+    check_times_constant,
+    check_types,
+)
 from ._eager import cached_solve, is_eager
 from ._events import SECOND_DERIVATIVES_THROUGH_EVENTS, Event, EventSet
 from ._events import check_shapes as check_event_shapes
@@ -33,7 +43,7 @@ from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
 from ._switches import switch_holder
 from ._times import may_differentiate_times, solve_with_time_derivatives
 from ._tracers import derivative_levels, differentiated
-from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays, tightest_tolerance
+from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
 from .solvers.base import AbstractSolver
@@ -127,7 +137,7 @@ def _solve_at_times(f, y0, t_span, args, *, progress=False, **options) -> Soluti
     # an eager call: compiled once per configuration (see _eager.py)
     if not progress and is_eager(y0, args, t_span):
         if options["throw"]:  # the traced path skips this check: run it on the concrete state here
-            check_concrete_state(_as_state(y0), state_names(y0))
+            check_concrete_state(as_state(y0), state_names(y0))
         sol = cached_solve(_solve, f, y0, t_span, args, options)
         if sol is not None:
             return sol
@@ -181,22 +191,22 @@ def _build_problem(
     solver = Tsit5() if solver is None else solver
     step = Adaptive() if step is None else step
     saveat = SaveAt(t1=True) if saveat is None else saveat
-    _check_types(f, solver, step, saveat, adjoint, max_steps)
+    check_types(f, solver, step, saveat, adjoint, max_steps)
     events = prepare_events(events, max_events)
     if events and derivative_levels((y0, args, t_span)) > 1:
         # the event time's derivative is a first-order rule; its derivative, taken inside the
         # adjoints' control flow, would silently miss the second-order terms
         raise NotImplementedError(SECOND_DERIVATIVES_THROUGH_EVENTS)
 
-    y0 = _as_state(y0)
+    y0 = as_state(y0)
     if jnp.iscomplexobj(jax.tree.leaves(y0)[0]):
-        _check_complex_state(solver, adjoint)
+        check_complex_state(solver, adjoint)
     # times are real: a complex state's real counterpart
     tdtype = jnp.finfo(jnp.result_type(*jax.tree.leaves(y0))).dtype
     if isinstance(step, Adaptive):
-        _check_precision(step, tdtype)
-    t0, t1 = _check_t_span(t_span, tdtype)
-    _check_times_constant(t_span, step, saveat)
+        check_precision(step, tdtype)
+    t0, t1 = check_t_span(t_span, tdtype)
+    check_times_constant(t_span, step, saveat)
     s = _direction(t0, t1)
     tau0, tau1 = s * t0, s * t1
     # a traced span is checked when the solve runs (a concrete one was, above): one that holds
@@ -210,7 +220,7 @@ def _build_problem(
     # function, strings, Python numbers) are put back around them inside f and fn.
     arrays, user_args, arrays_of = split_arrays(args)
     f = _with_user_args(f, user_args, solver.partitioned)
-    _check_rhs(f, solver, t0, y0, arrays)
+    check_rhs(f, solver, t0, y0, arrays)
 
     grid, control = _grid(step, solver, t0, t1_run, s, tdtype, max_steps)
     if events and grid is not None:  # an event ends a step early: the while loop's grid
@@ -221,7 +231,7 @@ def _build_problem(
     f_args, f_consts = _closure_convert_rhs(f, solver, t0, y0, arrays)
     fn = saveat.fn if saveat.fn is not None else (lambda t, y, a: y)
     hoisted = lambda: hoist_closure(_with_user_args(fn, user_args), t0, y0, arrays)
-    fn_conv, fn_consts = _called_as("SaveAt(fn)", "(t, y, args)", hoisted, "fn(y)")
+    fn_conv, fn_consts = called_as("SaveAt(fn)", "(t, y, args)", hoisted, "fn(y)")
     event_fns, ev_consts = _closure_convert_events(events, user_args, t0, y0, arrays)
     args_ext = (arrays, f_consts, fn_consts, ev_consts)
 
@@ -354,203 +364,12 @@ def explain_adjoint(
 # --- input checks, each raising at trace time with the argument and the fix ---------------------
 
 
-def _check_types(f, solver, step, saveat, adjoint, max_steps):
-    if not isinstance(solver, AbstractSolver):
-        raise TypeError(f"solver={solver!r} is not an odegrad solver; use e.g. og.Tsit5().")
-    if solver.partitioned:
-        if not (isinstance(f, tuple | list) and len(f) == 2 and all(map(callable, f))):
-            raise TypeError(
-                f"solver={solver!r} is partitioned: pass f=(f_u, f_v) with "
-                "du/dt = f_u(t, v, args), dv/dt = f_v(t, u, args), and y0=(u0, v0)."
-            )
-    elif not callable(f):
-        if isinstance(f, tuple | list):
-            raise TypeError(
-                f"f is a pair of functions but solver={solver!r} is not partitioned: use "
-                "og.SemiImplicitEuler() or og.Leapfrog(), or pass one f(t, y, args)."
-            )
-        raise TypeError(f"f must be callable f(t, y, args) -> dy/dt, got {f!r}.")
-    if not isinstance(step, AbstractStep):
-        raise TypeError(f"step={step!r}: use og.Adaptive(...), og.Fixed(dt) or og.StepTo(ts).")
-    if not isinstance(saveat, SaveAt):
-        raise TypeError(f"saveat={saveat!r}: use og.SaveAt(...).")
-    if not isinstance(adjoint, AbstractAdjoint):
-        raise TypeError(f"adjoint={adjoint!r}: use e.g. og.Auto() or og.Discrete().")
-    if not isinstance(max_steps, int | np.integer) or max_steps < 1:
-        raise ValueError(f"max_steps={max_steps!r} must be a positive int.")
-    if isinstance(step, Adaptive) and not solver.adaptive:
-        raise ValueError(
-            f"step=og.Adaptive(...) needs an error estimate, which solver={solver!r} does not "
-            "have: use step=og.Fixed(dt) / og.StepTo(ts), or an embedded method such as "
-            "og.Tsit5()."
-        )
-
-
-def _check_complex_state(solver, adjoint):
-    """A complex state: explicit and partitioned solvers step it as they step a real one (the
-    error norm takes moduli); ``Discrete`` differentiates those steps through JAX's own VJP,
-    which treats each complex entry as two real ones, so ``f`` need not be holomorphic (a
-    ``|psi|^2`` term). The other adjoints and solvers build real matrices from one direction per
-    entry (sensitivities, propagators, Jacobians, spectral radii), and are refused."""
-    from .adjoint.discrete import Discrete
-    from .solvers.explicit_rk import ExplicitRK
-    from .solvers.partitioned import _Partitioned
-
-    if not isinstance(solver, ExplicitRK | _Partitioned):
-        raise TypeError(
-            f"y0 is complex, which solver={solver!r} does not support: use an explicit "
-            "Runge-Kutta method (og.Tsit5(), og.Dopri5(), og.Dopri8(), og.RK4(), ...) or a "
-            "partitioned one, or pass the real and imaginary parts as a real state "
-            "(y0 = (psi.real, psi.imag))."
-        )
-    if not isinstance(adjoint, Auto | Discrete):
-        raise TypeError(
-            f"y0 is complex, which adjoint={adjoint!r} does not support: use og.Discrete() "
-            "(og.Auto() picks it), or pass the real and imaginary parts as a real state "
-            "(y0 = (psi.real, psi.imag))."
-        )
-
-
-def _as_state(y0):
-    def leaf(x):
-        x = jnp.asarray(x)
-        if not jnp.issubdtype(x.dtype, jnp.inexact):
-            if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
-                raise TypeError(
-                    f"y0 has a leaf of dtype {x.dtype}; the state must be floating point: "
-                    "pass e.g. jnp.asarray(y0, dtype=float)."
-                )
-            raise TypeError(
-                f"y0 has a leaf of dtype {x.dtype}; the state must be real or complex floats."
-            )
-        return x
-
-    if not jax.tree.leaves(y0):
-        raise ValueError("y0 has no arrays: pass the initial state as a pytree of arrays.")
-    y0 = jax.tree.map(leaf, y0)
-    dtypes = {x.dtype for x in jax.tree.leaves(y0)}
-    if len(dtypes) > 1:
-        raise TypeError(
-            f"y0 mixes dtypes {sorted(map(str, dtypes))}; use one floating dtype for the state."
-        )
-    return y0
-
-
-def _check_times_constant(t_span, step, saveat):
-    """Raise where a step size or a step grid is being differentiated (``jax.grad``/``jax.jvp``
-    through ``Fixed(dt)`` or ``StepTo(ts)``): the adjoints take the step grid as constant and
-    their custom derivative rules cannot return its cotangent, so JAX would fail with a leaked
-    tracer, deep inside, after the solve. (``t_span`` and ``SaveAt(ts)`` have derivatives of
-    their own, :mod:`odegrad._times`; here only when traced by ``explain_adjoint``.)"""
-    inputs = {"t_span": t_span}
-    if isinstance(step, Fixed):
-        inputs["Fixed(dt)"] = step.dt
-    if isinstance(step, StepTo):
-        inputs["StepTo(ts)"] = step.ts
-    if saveat.ts is not None:
-        inputs["SaveAt(ts)"] = saveat.ts
-    if isinstance(step, Adaptive) and differentiated(step.jump_ts):
-        raise ValueError(
-            "og.solve: Adaptive(jump_ts) is being differentiated (jax.grad or jax.jvp reaches "
-            "it). Jump times are where steps end, constants like step sizes; a derivative with "
-            "respect to a switching time is the jump of f times that time's derivative, which "
-            "only an event gives: write the switch into f as a comparison (t < tau) and pass "
-            "events=og.switching_events(f, t0, y0, args). Where the times are data, wrap them "
-            "in jax.lax.stop_gradient."
-        )
-    for name, value in inputs.items():
-        if differentiated(value):
-            raise ValueError(
-                f"og.solve: {name} is being differentiated (jax.grad or jax.jvp reaches it). "
-                "The step grid is held constant by every adjoint: a solution's dependence on "
-                "its step sizes is its discretisation error, not a derivative of the ODE's. "
-                "Wrap it in jax.lax.stop_gradient; derivatives with respect to t0, t1 and "
-                "SaveAt(ts) are available with og.Adaptive() and og.Fixed(dt)."
-            )
-
-
-def _check_t_span(t_span, tdtype):
-    if not isinstance(t_span, tuple | list) or len(t_span) != 2:
-        raise ValueError(f"t_span={t_span!r} must be a pair (t0, t1).")
-    t0, t1 = (_as_time(t, tdtype) for t in t_span)
-    if t0.ndim or t1.ndim:
-        raise ValueError(f"t_span entries must be scalars, got shapes {t0.shape}, {t1.shape}.")
-    if _is_concrete(t0) and _is_concrete(t1):
-        a, b = float(t0), float(t1)
-        if not (np.isfinite(a) and np.isfinite(b)):
-            raise ValueError(f"t_span=({a}, {b}) must be finite.")
-    return t0, t1
-
-
-def _check_precision(step: Adaptive, dtype) -> None:
-    """Refuse a half-precision state whose dtype cannot resolve the relative tolerance: every
-    step's error would be rounding (float16 at the default rtol failed at t0 as "non-finite",
-    bfloat16 as "step size underflow")."""
-    eps = float(jnp.finfo(dtype).eps)
-    rtol = tightest_tolerance(step.rtol)
-    if jnp.dtype(dtype).itemsize < 4 and _is_concrete(rtol) and float(rtol) < 10 * eps:
-        raise ValueError(
-            f"og.Adaptive(rtol={float(rtol):g}) is below what a {jnp.dtype(dtype).name} state "
-            f"resolves (its eps is {eps:.3g}): solve in float32 (y0.astype(jnp.float32)), or "
-            f"pass rtol >= {10 * eps:.2g}."
-        )
-
-
-def _called_as(name: str, signature: str, call, wrapped: str = "f(t, y)"):
-    """``call()``, where a wrong number of arguments says how ``name`` is called."""
-    try:
-        return call()
-    except TypeError as e:
-        if "positional argument" not in str(e):
-            raise
-        raise TypeError(
-            f"{name}{signature} failed: {e}. odegrad calls {name}{signature} (diffrax's order); "
-            f"wrap a function of fewer arguments, e.g. lambda t, y, args: {wrapped}."
-        ) from e
-
-
 def _direction(t0, t1):
     if _is_concrete(t0) and _is_concrete(t1):
         return 1.0 if float(t1) >= float(t0) else -1.0
     return jnp.where(t1 >= t0, 1.0, -1.0).astype(t0.dtype)
 
 
-def _check_rhs(f, solver, t0, y0, args):
-    """``f`` must return the structure, shapes and dtype of ``y0`` (checked by tracing once)."""
-    if solver.partitioned:
-        if not (isinstance(y0, tuple | list) and len(y0) == 2):
-            raise ValueError(
-                f"solver={solver!r} is partitioned: y0 must be a pair (u0, v0), got "
-                f"{jax.tree.structure(y0)}."
-            )
-        pairs = [("f_u", f[0], y0[1], y0[0]), ("f_v", f[1], y0[0], y0[1])]
-    else:
-        pairs = [("f", f, y0, y0)]
-    for name, fun, arg, like in pairs:
-        out = _called_as(name, "(t, y, args)", lambda: jax.eval_shape(fun, t0, arg, args))
-        want = jax.eval_shape(lambda: like)
-        if jax.tree.structure(out) != jax.tree.structure(want):
-            raise ValueError(
-                f"{name} returned structure {jax.tree.structure(out)} but the state it "
-                f"differentiates has structure {jax.tree.structure(want)}; return dy/dt with "
-                "the same pytree structure as y0."
-            )
-        for o, w in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True):
-            if o.shape != w.shape:
-                raise ValueError(
-                    f"{name} returned a leaf of shape {o.shape} where the state has shape "
-                    f"{w.shape}; dy/dt must have the shapes of y0."
-                )
-            if o.dtype != w.dtype:
-                raise ValueError(
-                    f"{name} returned dtype {o.dtype} where the state has {w.dtype}; cast the "
-                    f"result (e.g. .astype({w.dtype})) or give y0 the dtype f computes in."
-                )
-
-
-#: ``Fixed(dt)`` takes ``ceil(span / dt)`` steps, never longer than ``dt`` (an explicit PDE
-#: scheme's stability limit), but a quotient a rounding error over an integer (``1 / 0.1``,
-#: float32 times) counts as that integer: its steps are then at most this much longer than dt.
 FIXED_SLACK = 1e-6
 
 
