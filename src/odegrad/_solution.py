@@ -72,7 +72,10 @@ _MESSAGES = {
     ),
     Result.max_events_reached: (
         "more events happened than max_events allows (the solve stopped at the first one that "
-        "did not fit); pass a larger max_events"
+        "did not fit); pass a larger max_events, unless the events repeat at one time: a "
+        "solution that slides along a switching surface (f pushing into it from both sides, "
+        "Filippov; a sign(v) friction at rest) makes og.switching_events' events fire after "
+        "every step, which no max_events ends; smooth that switch (a steep tanh) instead"
     ),
     Result.invalid_save_times: (
         "SaveAt(ts) must be sorted in the direction of integration (ascending for t1 > t0, "
