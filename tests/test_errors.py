@@ -78,7 +78,11 @@ def test_partitioned_half_returns_other_shape():
 # the time span and save times
 
 
-@pytest.mark.parametrize("step", [og.Adaptive(), og.Fixed(0.1)], ids=["adaptive", "fixed"])
+@pytest.mark.parametrize(
+    "step",
+    [og.Adaptive(), pytest.param(og.Fixed(0.1), marks=pytest.mark.slow)],  # (the same loop)
+    ids=["adaptive", "fixed"],
+)
 def test_t_span_equal_ends(step):
     """An empty span is the solution y0 with no step taken (it was refused; a traced one, and
     diffrax, gave y0), and its gradient the identity."""

@@ -246,6 +246,7 @@ def _kinked_exact(y0, p, t0, t1):
     return piece(piece(y0, t0, A_KINK, -s, s * A_KINK), A_KINK, t1, s, -s * A_KINK)
 
 
+@pytest.mark.slow  # (converted backward stops: test_backward_steps_resolve_fast_forward_states)
 def test_step_ts_gradients():
     """``f`` kinks in ``t`` at a ``step_ts`` time (where a restart is not needed): on a
     backward-in-time span ``Interpolating``'s backward solve lands there too (its times

@@ -64,15 +64,15 @@ def numpy_rk4(f, ts, y0):
     "t0, t1, dt, n",
     [
         (0.0, 1.0, 0.1, 10),
-        (0.0, 1.0, 0.3, 3),  # 3.33 -> 3 steps of 1/3
+        (0.0, 1.0, 0.3, 4),  # 3.33 -> 4 steps of 1/4 (never longer than dt)
         (0.0, 1.0, 0.28, 4),  # 3.57 -> 4 steps of 1/4
-        (0.0, 1.0, 0.7, 1),  # 1.43 -> 1 step
+        (0.0, 1.0, 0.7, 2),  # 1.43 -> 2 steps of 1/2
         (2.0, -1.0, 0.25, 12),  # backwards
     ],
 )
 def test_fixed_step_count_and_grid(t0, t1, dt, n):
-    """Exactly round(|t1 - t0| / dt) equal steps, the last landing on t1 exactly; rows equal a
-    hand-written Euler loop on that grid."""
+    """Exactly ceil(|t1 - t0| / dt) equal steps (none longer than dt), the last landing on t1
+    exactly; rows equal a hand-written Euler loop on that grid."""
     sol = og.solve(
         nonlin,
         jnp.asarray(Y0),

@@ -150,11 +150,16 @@ class Solution:
 
         tau = self._direction * t
         value = dense_evaluate(self._solver, self._dense, tau)
-        starts, _, _, n, y_start = self._dense
+        starts, sizes, _, n, y_start = self._dense
         # a span traced to t1 == t0 takes no step: the solution there is y0
         value = jax.tree.map(lambda v, y: jnp.where(n == 0, y, v), value, y_start)
         # (past the ends the interpolant extrapolates: 0.266 for exp(-1.5) = 0.223)
-        inside = (tau >= starts[0]) & (tau <= starts[n])
+        # (a while loop's rows hold the end after the last step; a scan's hold n steps' starts)
+        rows = starts.shape[0]
+        last = jnp.maximum(n - 1, 0)
+        hi = jnp.where(n < rows, starts[jnp.minimum(n, rows - 1)], starts[last] + sizes[last])
+        slack = 8 * jnp.finfo(starts.dtype).eps * (jnp.abs(starts[0]) + jnp.abs(hi))
+        inside = (tau >= starts[0] - slack) & (tau <= hi + slack)
         return jax.tree.map(lambda v: jnp.where(inside, v, jnp.nan), value)
 
     def __repr__(self) -> str:
