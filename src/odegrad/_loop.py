@@ -30,7 +30,7 @@ from ._progress import chunked_scan
 from ._recorders import DenseRows, LoopSetup, Recorder, StepRecord, StepTaken, StepTimes
 from ._saving import SaveAtTimes, SavePlan, SaveSteps, ScanSaves
 from ._solution import Result
-from ._step import Adaptive, adapt_step, between_jumps, jump_times, next_jump, stop_times
+from ._step import Adaptive, adapt_step, between_jumps, control_times, jump_times, next_jump
 from ._tree import tree_all_finite, tree_bytes, tree_where
 from ._tuning import tuning
 
@@ -343,8 +343,9 @@ def while_loop(
     tdtype = jnp.result_type(tau0)
     adaptive = not isinstance(control, RuntimeGrid)
     jumps = jump_times(control, s, tdtype) if adaptive else None
-    # where steps end: the jumps, step_ts and the given stops, each ascending
-    stops = [stop_times(control, s, tdtype), stops] if adaptive else []
+    # where steps end: the jumps (first: a step ending on one restarts), step_ts and the
+    # given stops, each ascending
+    stops = [jumps, control_times(control, "step_ts", s, tdtype), stops] if adaptive else []
     stops = [x for x in stops if x is not None]
     held_ = (lambda t, y: f) if events is None else (lambda t, y: events.held(f, t, y, args, s))
     # (the stages of a step read time strictly between the jumps around its start)
@@ -415,7 +416,8 @@ def while_loop(
             h = grid_step(c)
         lands = False
         if stops:  # a step that would reach the next stop (a jump) ends on it
-            stop = functools.reduce(jnp.minimum, [next_jump(x, c.t) for x in stops])
+            nexts = [next_jump(x, c.t) for x in stops]
+            stop = functools.reduce(jnp.minimum, nexts)
             lands = (stop <= tau1) & (c.t + h >= stop)
             h = jnp.where(lands, stop - c.t, h)
         last = h >= remaining
@@ -486,7 +488,7 @@ def while_loop(
             failure = jnp.where(ev.overflow, Result.max_events_reached, failure)
         restart = None
         if jumps is not None:  # a fresh first stage past the jump (FSAL: one evaluation)
-            restart = accept & lands & (stop == next_jump(jumps, c.t))
+            restart = accept & lands & (stop == nexts[0])  # (nexts[0]: the next jump)
             restart = restart if events is None else restart & ~ev.fired
             st1 = run_if(any_member(restart), _restart, (restart, t_new, y1, st1))[3]
             evals = evals + jnp.where(restart, solver.init_evals, 0)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -298,16 +297,12 @@ def _build_problem(
         # a traced StepTo(ts) off the span or out of order would step y0 from ts[0] and call
         # the state at ts[-1] the one at t1 (a success), so the result says so
         order = jnp.all(grid[1:] > grid[:-1])
-        span_valid = _all_valid(span_valid, order & (grid[0] == tau0) & (grid[-1] == tau1))
+        valid = order & (grid[0] == tau0) & (grid[-1] == tau1)
+        span_valid = valid if span_valid is None else span_valid & valid
         span_valid = (span_valid, Result.invalid_step_times)
     elif span_valid is not None:
         span_valid = (span_valid, Result.invalid_t_span)
     return problem, (saveat, s, t0, args_ext, y0, ts_valid, span_valid)
-
-
-def _all_valid(*checks):
-    checks = [c for c in checks if c is not None]
-    return functools.reduce(jnp.logical_and, checks)
 
 
 def explain_adjoint(

@@ -279,23 +279,18 @@ class Adaptive(AbstractStep):
         return jnp.minimum(jnp.minimum(100 * h0, h1), span).astype(span.dtype)
 
 
-def jump_times(control, s, tdtype):
-    """``control``'s ``jump_ts`` in forward time ``tau = s t``, ascending, as constants (no
-    derivative flows to them), or ``None`` where it has none."""
-    ts = getattr(control, "jump_ts", None)
+def control_times(control, name: str, s, tdtype):
+    """``control``'s times ``name`` (``"jump_ts"``, ``"step_ts"``) in forward time
+    ``tau = s t``, ascending, as constants (no derivative flows to them), or ``None``."""
+    ts = getattr(control, name, None)
     if ts is None:
         return None
-    return jnp.sort(lax.stop_gradient(s * jnp.asarray(ts, tdtype)))
+    return jnp.sort(lax.stop_gradient(s * jnp.ravel(jnp.asarray(ts, tdtype))))
 
 
-def stop_times(control, s, tdtype):
-    """Where ``control``'s steps must end, in forward time: its ``jump_ts`` and ``step_ts``
-    together, ascending, as constants, or ``None`` where it has neither."""
-    ts = [getattr(control, name, None) for name in ("jump_ts", "step_ts")]
-    ts = [jnp.ravel(jnp.asarray(t, tdtype)) for t in ts if t is not None]
-    if not ts:
-        return None
-    return jnp.sort(lax.stop_gradient(s * jnp.concatenate(ts)))
+def jump_times(control, s, tdtype):
+    """``control``'s ``jump_ts`` (:func:`control_times`)."""
+    return control_times(control, "jump_ts", s, tdtype)
 
 
 def next_jump(jumps, tau):
