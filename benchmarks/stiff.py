@@ -16,7 +16,7 @@ saved fields), its gradient is taken with respect to the initial state and the p
 
 Contestants, timed interleaved in one run (``_timing.interleaved_medians``):
 
-* odegrad ``og.Kvaerno5()`` and ``og.Rodas5()`` + ``og.Adaptive(rtol, atol)``, default adjoint
+* odegrad ``og.Kvaerno5()`` and ``og.Rodas5P()`` + ``og.Adaptive(rtol, atol)``, default adjoint
   ``og.Auto()``; on the Brusselator ``linear_solver="gmres"`` (the ``"auto"`` choice for 2048
   unknowns) with the example's preconditioner (the diffusion inverted by FFT, the pointwise
   reaction Jacobian by 2x2 blocks);
@@ -340,7 +340,7 @@ def rel(a, b) -> float:
 def run_problem(prob, args):
     inputs = (prob.y0, prob.params)
     contestants = {
-        f"odegrad {s}": (lambda s=s: make_odegrad(prob, s)) for s in ("Kvaerno5", "Rodas5")
+        f"odegrad {s}": (lambda s=s: make_odegrad(prob, s)) for s in ("Kvaerno5", "Rodas5P")
     }
     heavy = prob.name == "brusselator"
     if not args.no_diffrax and importlib.util.find_spec("diffrax") is not None:
@@ -511,24 +511,24 @@ def main(argv=None):
         stat = (lambda t: t.median) if args.stat == "median" else (lambda t: t.best)
         ours = {
             s: timing.get(f"odegrad {s}|{q}")
-            for s in ("Kvaerno5", "Rodas5")
+            for s in ("Kvaerno5", "Rodas5P")
             for q in ("fwd", "grad")
         }
         dfx_g = timing.get("diffrax Kvaerno5|grad")
         if dfx_g is not None:
-            best = min(stat(timing[f"odegrad {s}|grad"]) for s in ("Kvaerno5", "Rodas5"))
+            best = min(stat(timing[f"odegrad {s}|grad"]) for s in ("Kvaerno5", "Rodas5P"))
             must.append(
                 f"{prob.title}: gradient, diffrax Kvaerno5 / odegrad Kvaerno5 = "
-                f"{stat(dfx_g) / stat(timing['odegrad Kvaerno5|grad']):.1f}x, / odegrad Rodas5 = "
-                f"{stat(dfx_g) / stat(timing['odegrad Rodas5|grad']):.1f}x (best odegrad "
+                f"{stat(dfx_g) / stat(timing['odegrad Kvaerno5|grad']):.1f}x, / odegrad Rodas5P = "
+                f"{stat(dfx_g) / stat(timing['odegrad Rodas5P|grad']):.1f}x (best odegrad "
                 f"{stat(dfx_g) / best:.1f}x faster)"
             )
         bdf = timing.get("scipy BDF (jac)|fwd")
         if bdf is not None and ours:
             must.append(
                 f"{prob.title}: forward, scipy BDF (jac) / odegrad Kvaerno5 = "
-                f"{stat(bdf) / stat(timing['odegrad Kvaerno5|fwd']):.1f}x, / odegrad Rodas5 = "
-                f"{stat(bdf) / stat(timing['odegrad Rodas5|fwd']):.1f}x"
+                f"{stat(bdf) / stat(timing['odegrad Kvaerno5|fwd']):.1f}x, / odegrad Rodas5P = "
+                f"{stat(bdf) / stat(timing['odegrad Rodas5P|fwd']):.1f}x"
             )
     headers = [
         "problem",

@@ -36,6 +36,7 @@ from .solvers import (
     Midpoint,
     Ralston,
     Rodas5,
+    Rodas5P,
     SemiImplicitEuler,
     Tsit5,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "Ralston",
     "Result",
     "Rodas5",
+    "Rodas5P",
     "SaveAt",
     "SemiImplicitEuler",
     "Solution",

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jex_core
 
-__all__ = ["Kink", "find_kinks"]
+__all__ = ["Kink", "find_kinks", "reads_time"]
 
 #: float-valued primitives that are discontinuous in their (first) operand
 _JUMPS = frozenset({"sign", "floor", "ceil", "round", "rem", "nextafter"})
@@ -101,6 +101,18 @@ def find_kinks(f: Callable, t, y, args) -> tuple[Kink, ...]:
         outs = _propagate(closed.jaxpr, inputs, False, ("", ""))
         found = found.union(*(o.jumps for o in outs))
     return tuple(sorted(found, key=lambda k: (k.where, k.op)))
+
+
+def reads_time(f: Callable, t, y, args) -> bool:
+    """Whether ``f(t, y, args)``'s value depends on ``t`` by data flow through its jaxpr (an
+    operation with a ``t``-dependent operand counts as ``t``-dependent in all its results, so
+    ``0 * t`` counts). Nothing runs."""
+    jaxpr = jax.make_jaxpr(lambda t_: f(t_, y, args))(t).jaxpr
+    reached = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        if any(not _is_literal(v) and v in reached for v in eqn.invars):
+            reached.update(eqn.outvars)
+    return any(not _is_literal(v) and v in reached for v in jaxpr.outvars)
 
 
 def describe_kinks(kinks: Sequence[Kink], limit: int = 3) -> str:

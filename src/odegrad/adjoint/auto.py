@@ -57,7 +57,7 @@ class Auto(AbstractAdjoint):
     the choice with its numbers.
 
     Stiff problems: with an implicit solver (``og.ImplicitEuler``, ``og.Kvaerno3``,
-    ``og.Kvaerno5``, ``og.Rodas5``) the same rules pick :class:`Forward` or :class:`Discrete`,
+    ``og.Kvaerno5``, ``og.Rodas5P``) the same rules pick :class:`Forward` or :class:`Discrete`,
     which differentiate the implicit steps themselves (one linear solve per stage and direction,
     or one transposed solve per stage in reverse), so the gradient is as stable as the forward
     solve. Auto never integrates an adjoint ODE there: backwards in time it would need the

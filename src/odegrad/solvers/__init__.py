@@ -16,7 +16,7 @@ from .explicit_rk import (
 )
 from .implicit import ImplicitEuler, Kvaerno3, Kvaerno5
 from .partitioned import Leapfrog, SemiImplicitEuler
-from .rosenbrock import Rodas5
+from .rosenbrock import Rodas5, Rodas5P
 from .stabilized import RKC, ROCK2, ROCK4
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Midpoint",
     "Ralston",
     "Rodas5",
+    "Rodas5P",
     "SemiImplicitEuler",
     "StepResult",
     "Tsit5",

@@ -10,7 +10,7 @@ Each method is data — an :class:`ESDIRKTableau` or a
   each solved by simplified Newton iterations with ``M = I - gamma dt J(t0, y0)``; the stage
   derivative is ``k_i = (z_i - psi_i) / (gamma dt)`` (no extra evaluation of ``f``, which would
   amplify the Newton error by the stiffness). All three are stiffly accurate: ``y1 = z_s``.
-* Rosenbrock (:class:`~odegrad.solvers.rosenbrock.Rodas5`): linearly implicit,
+* Rosenbrock (:class:`~odegrad.solvers.rosenbrock.Rodas5P`, ``Rodas5``): linearly implicit,
   ``k_i = gamma dt M^{-1} (f(u_i) + d_i dt df/dt + sum_j C_ij k_j / dt)`` with the exact
   Jacobian at the step start; no Newton iterations, one LU (or GMRES solves) per step.
 
