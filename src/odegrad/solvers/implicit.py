@@ -46,6 +46,7 @@ includes second derivatives of ``f`` (JAX differentiates ``jacfwd``).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -284,7 +285,7 @@ class _Implicit(AbstractSolver):
         self,
         linear_solver: str = "auto",
         *,
-        preconditioner=None,
+        preconditioner: Callable | None = None,
         newton_rtol: float | None = None,
         newton_atol: float | None = None,
         max_newton_iters: int = 10,
@@ -410,8 +411,29 @@ class _ESDIRK(_Implicit):
     #: ``f(t1, y1)`` only to the Newton tolerance, so checkpoints keep it with ``y``
     state_from_y = False
 
-    def __init__(self, linear_solver: str = "auto", *, jacobian_reuse_rate: float = 1e-3, **kwargs):
-        super().__init__(linear_solver, **kwargs)
+    def __init__(
+        self,
+        linear_solver: str = "auto",
+        *,
+        preconditioner: Callable | None = None,
+        newton_rtol: float | None = None,
+        newton_atol: float | None = None,
+        max_newton_iters: int = 10,
+        jacobian_reuse_rate: float = 1e-3,
+        gmres_tol: float | None = None,
+        gmres_restart: int = 20,
+        gmres_maxiter: int = 20,
+    ):
+        super().__init__(
+            linear_solver,
+            preconditioner=preconditioner,
+            newton_rtol=newton_rtol,
+            newton_atol=newton_atol,
+            max_newton_iters=max_newton_iters,
+            gmres_tol=gmres_tol,
+            gmres_restart=gmres_restart,
+            gmres_maxiter=gmres_maxiter,
+        )
         rate = jacobian_reuse_rate
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
             raise ValueError(
@@ -551,16 +573,19 @@ class ImplicitEuler(_ESDIRK):
             ``"gmres"``), ``"dense"`` or ``"gmres"``.
         preconditioner: for ``"gmres"``: ``preconditioner(t, y, args, c)`` returning a function
             ``v -> (I - c J)^{-1} v`` (approximately; ``v`` and the result shaped like ``y``).
-        newton_rtol, newton_atol: Newton stops when its predicted error is below
-            ``atol + rtol |y|``. Defaults: inside ``og.Adaptive(rtol, atol)`` 1% of those
-            (``NEWTON_KAPPA``; relative at least ``1e3`` machine epsilons), else ``1e-10`` and
-            ``1e-12`` in float64, ``1.2e-4`` and ``1.2e-6`` in float32.
+        newton_rtol: Newton stops when its predicted error is below ``newton_atol +
+            newton_rtol |y|``. Default: inside ``og.Adaptive(rtol, atol)`` 1% of ``rtol``
+            (``NEWTON_KAPPA``; at least ``1e3`` machine epsilons), else ``1e-10`` in float64,
+            ``1.2e-4`` in float32.
+        newton_atol: as ``newton_rtol``; default 1% of ``atol`` inside ``og.Adaptive``, else
+            ``1e-12`` in float64, ``1.2e-6`` in float32.
         max_newton_iters: iterations before a stage counts as failed (the step is rejected).
         jacobian_reuse_rate: dense linear solver: keep the Jacobian for the next step while
             every Newton contraction rate stays at most this (default ``1e-3``, Hairer's
             ``thet``; ``0.1`` when Jacobians are costly; ``0`` builds one every step).
-        gmres_tol, gmres_restart, gmres_maxiter: relative tolerance (default ``1e-8``, float32
-            ``1.2e-6``), Krylov subspace size and the number of restarts.
+        gmres_tol: GMRES's relative tolerance (default ``1e-8``, float32 ``1.2e-6``).
+        gmres_restart: its Krylov subspace size.
+        gmres_maxiter: its number of restarts.
 
     Example:
         >>> sol = og.solve(f, y0, (0.0, 1.0), solver=og.ImplicitEuler(), step=og.Fixed(0.01))
