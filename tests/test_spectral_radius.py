@@ -392,3 +392,26 @@ def test_fixed_step_backward_solve_estimates_afresh_where_stiffness_grows():
     np.testing.assert_allclose(grad(p, og.Interpolating()), exact, rtol=1e-3)
     with pytest.raises(Exception, match=r"drifted .* at a save time or at t0"):
         grad(p, og.Backsolve())
+
+
+def test_bad_spectral_radius_options_are_refused():
+    """Settings that leave the stage count unstable are refused by name; a NaN bound fails the
+    step (Result.nonfinite) rather than stepping with too few stages (1e21..1e37 before)."""
+    for make, name in [
+        (lambda: og.ROCK2(safety=0), "safety"),
+        (lambda: og.ROCK4(init_power_iters=0), "init_power_iters"),
+        (lambda: og.ROCK2(power_iters=0), "power_iters"),
+        (lambda: og.RKC(max_stages=1), "max_stages"),
+    ]:
+        with pytest.raises(ValueError, match=rf"\({name}="):
+            make()
+    with pytest.raises(TypeError, match=r"spectral_radius=3.0\): a function"):
+        og.ROCK2(3.0)
+    f, _, x = heat(16)
+    y0 = smooth_y0(x)
+    for bound, says in [(lambda t, y, a: jnp.ones(1), "shape"), (lambda t, y, a: None, "None")]:
+        with pytest.raises(ValueError, match=rf"spectral_radius=...\) returned {says}"):
+            og.solve(f, y0, (0.0, 0.1), 1.0, solver=og.ROCK2(bound), step=og.Fixed(0.01))
+    nan_bound = og.ROCK2(lambda t, y, a: jnp.nan)
+    sol = og.solve(f, y0, (0.0, 0.1), 1.0, solver=nan_bound, step=og.Fixed(0.01), throw=False)
+    assert sol.result == og.Result.nonfinite

@@ -232,8 +232,21 @@ def test_wrong_ndim_helpers():
 
 
 def test_too_few_points():
-    with pytest.raises(ValueError, match=r"^d2_xi: needs at least 2 points along axis 2 \(z\)"):
-        st.d2_xi(np.ones((5, 5, 1)))
+    # an interior stencil needs 3 points along every axis; fewer would give an empty result
+    with pytest.raises(ValueError, match=r"^d2_xi: needs at least 3 points along axis 2 \(z\)"):
+        st.d2_xi(np.ones((5, 5, 2)))
+    cases = [(st.d_xa, (1, 4), 2, 0), (st.d2_xa, (2, 4), 3, 0), (st.d_yi, (4, 1), 2, 1),
+             (st.inn, (2, 4), 3, 0), (st.av, (1, 4), 2, 0), (st.maxloc, (4, 2), 3, 1)]  # fmt: skip
+    for op, shape, n, axis in cases:
+        with pytest.raises(ValueError, match=rf"needs at least {n} points along axis {axis}"):
+            op(np.ones(shape))
+        assert op(np.ones(tuple(max(m, n) for m in shape))).size > 0
+    with pytest.raises(ValueError, match="1-d or 2-d or 3-d"):
+        st.inn(np.ones((3, 3, 3, 3)))
+    with pytest.raises(TypeError, match="laplacian: spacing"):
+        st.laplacian(np.ones((4, 4)), "ab")
+    with pytest.raises(TypeError, match="laplacian: spacing"):
+        st.laplacian(np.ones((4, 4)), np.ones((2, 2)))
 
 
 def test_heat_rhs_example():

@@ -196,6 +196,14 @@ def _build_problem(
         # the event time's derivative is a first-order rule; its derivative, taken inside the
         # adjoints' control flow, would silently miss the second-order terms
         raise NotImplementedError(SECOND_DERIVATIVES_THROUGH_EVENTS)
+    first_order = not getattr(solver, "second_derivatives", True)
+    if first_order and derivative_levels((y0, args, t_span)) > 1:
+        raise NotImplementedError(
+            f"og.solve: second derivatives (jax.hessian, jax.jacfwd of jax.grad, jax.jacfwd of "
+            f"jax.jacfwd) through {type(solver).__name__}'s steps are not supported: its stage "
+            "recurrence has a first-order derivative rule only. Use finite differences of the "
+            "gradient, or a Runge-Kutta or implicit solver."
+        )
 
     y0 = as_state(y0)
     if jnp.iscomplexobj(jax.tree.leaves(y0)[0]):

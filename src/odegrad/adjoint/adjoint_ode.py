@@ -439,7 +439,8 @@ class _Continuous(AbstractAdjoint):
                     tau1=-lo,
                     control=control if adaptive else RuntimeGrid(n.astype(jnp.int32)),
                     plan=SavePlan(fn=lambda t, y, a: y),
-                    max_steps=problem.max_steps,
+                    # (its landings on the forward steps come on top of the steps it chooses)
+                    max_steps=problem.max_steps + (0 if stops is None else stops.shape[0]),
                     record=() if acc is None else (summed if propagator else Accumulate(acc),),
                     s=-1.0,
                     h_guess=c["h"] if adaptive else None,

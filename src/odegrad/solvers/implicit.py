@@ -315,6 +315,15 @@ class _Implicit(AbstractSolver):
         self.newton_rtol = newton_rtol
         self.newton_atol = newton_atol
         self.max_newton_iters = max_newton_iters
+        if gmres_tol is not None and not 0 < gmres_tol < 1:
+            raise ValueError(
+                f"{name}(gmres_tol={gmres_tol!r}): a relative tolerance in (0, 1), or None "
+                "(1e-8; float32 1.2e-6). The Rosenbrock stages and every derivative solve "
+                "use it as their accuracy."
+            )
+        for arg, v in (("gmres_restart", gmres_restart), ("gmres_maxiter", gmres_maxiter)):
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"{name}({arg}={v!r}): use an int >= 1.")
         self.gmres_tol = gmres_tol
         self.gmres_restart = gmres_restart
         self.gmres_maxiter = gmres_maxiter

@@ -12,6 +12,7 @@ JVPs).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -217,8 +218,24 @@ class _Rosenbrock(_Implicit):
     init_evals = 0
     state_from_y = True
 
-    def __init__(self, linear_solver: str = "auto", **kwargs):
-        super().__init__(linear_solver, **kwargs)
+    def __init__(
+        self,
+        linear_solver: str = "auto",
+        *,
+        preconditioner: Callable | None = None,
+        gmres_tol: float | None = None,
+        gmres_restart: int = 20,
+        gmres_maxiter: int = 20,
+    ):
+        # (no Newton iterations, and the exact Jacobian every step: no Newton settings, no
+        # Jacobian reuse)
+        super().__init__(
+            linear_solver,
+            preconditioner=preconditioner,
+            gmres_tol=gmres_tol,
+            gmres_restart=gmres_restart,
+            gmres_maxiter=gmres_maxiter,
+        )
         self.step_evals = self.tableau.stages  # one evaluation per stage plus the Jacobian
 
     def adjoint_solver(self):
@@ -305,8 +322,9 @@ class Rodas5P(_Rosenbrock):
     at tight tolerances (OrdinaryDiffEq's default Rosenbrock method since 2022). Its error
     estimate sees the error of a forcing in ``t`` (Rodas5's does not). Needs the exact
     Jacobian (``jax.jacfwd`` or exact JVPs), and gradients through it use second derivatives of
-    ``f``. Arguments as :class:`ImplicitEuler` (the Newton settings and
-    ``jacobian_reuse_rate`` do not apply: it needs the exact Jacobian).
+    ``f``. Arguments: ``linear_solver``, ``preconditioner`` and the ``gmres_*`` options of
+    :class:`ImplicitEuler` (no Newton iterations, and the exact Jacobian at every step: no
+    Newton settings or ``jacobian_reuse_rate``).
 
     Example:
         >>> sol = og.solve(f, y0, (0.0, 100.0), args, solver=og.Rodas5P(),

@@ -50,6 +50,8 @@ both into ``sol.stats["rhs_evals"]``.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -102,8 +104,26 @@ class _Stabilized(AbstractSolver):
             rho_every: refresh the power-iteration estimate every this many accepted steps
                 (1: every step).
         """
+        name = type(self).__name__
         if int(rho_every) < 1:
-            raise ValueError(f"rho_every={rho_every!r} must be a positive int.")
+            raise ValueError(f"{name}(rho_every={rho_every!r}): must be a positive int.")
+        if not (isinstance(safety, int | float) and 0 < safety < math.inf):
+            raise ValueError(
+                f"{name}(safety={safety!r}): a positive factor on the spectral-radius estimate "
+                "(default 1.2); below 1 the stages can be too few for the step (unstable)."
+            )
+        for arg, n in (("power_iters", power_iters), ("init_power_iters", init_power_iters)):
+            if not (isinstance(n, int | np.integer) and n >= 1):
+                raise ValueError(
+                    f"{name}({arg}={n!r}): at least 1 power-iteration step (without one the "
+                    "spectral radius is never estimated); pass spectral_radius= to skip them."
+                )
+        if spectral_radius is not None and not callable(spectral_radius):
+            raise TypeError(
+                f"{name}(spectral_radius={spectral_radius!r}): a function "
+                "spectral_radius(t, y, args) -> scalar (an upper bound of df/dy's spectral "
+                "radius), or None for the power iteration."
+            )
         self.rho_every = int(rho_every)
         self.spectral_radius = spectral_radius
         self.safety = float(safety)
@@ -134,7 +154,15 @@ class _Stabilized(AbstractSolver):
     # -- spectral radius -------------------------------------------------------------------
     def _rho(self, f, t, y, args, v, iters):
         if self.spectral_radius is not None:
-            rho = jnp.abs(jnp.asarray(self.spectral_radius(_sg(t), _sg(y), _sg(args))))
+            rho = self.spectral_radius(_sg(t), _sg(y), _sg(args))
+            if rho is None or jnp.shape(rho) != ():
+                raise ValueError(
+                    f"{type(self).__name__}(spectral_radius=...) returned "
+                    f"{'None' if rho is None else f'shape {jnp.shape(rho)}'}: it must return one "
+                    "scalar, an upper bound of the spectral radius of df/dy at (t, y) (e.g. "
+                    "4 * D * ndim / dx**2 for a diffusion stencil)."
+                )
+            rho = jnp.abs(jnp.asarray(rho, jnp.result_type(t)))
             return lax.stop_gradient(self.safety * rho), None
         rho, v = power_iteration(f, t, y, args, v, iters)
         return self.safety * rho, v
@@ -183,6 +211,8 @@ class _Stabilized(AbstractSolver):
 
     # -- to be provided by each method -----------------------------------------------------
     max_stages: int
+    #: the stage recurrence has a first-order derivative rule (``_recurrence``) only
+    second_derivatives = False
 
     def stage_count(self, h_rho):
         """Total stages (``f`` evaluations, the carried first stage included) for ``|dt|*rho``."""
@@ -216,7 +246,8 @@ class _Stabilized(AbstractSolver):
         # NaN in a scalar costs no pass over the state (a select over y1 costs one; fused into
         # the stencil that reads it, XLA:CPU's kernel ran ~10x slower). f then sees NaN times
         # and states in that step: a check inside f (eqx.error_if) raises instead.
-        unstable = h_rho > self.stability_limit * (1.0 + 1e-5)
+        # (negated: a NaN spectral radius, from a user's bound or the power iteration, fails too)
+        unstable = ~(h_rho <= self.stability_limit * (1.0 + 1e-5))
         poison = lax.stop_gradient(jnp.where(unstable, jnp.nan, 0.0).astype(jnp.result_type(dt)))
         y1, err_of, n_evals = self._advance(f, t0, dt + poison, y0, args, f0, h_rho)
         t1 = t0 + dt
@@ -284,6 +315,8 @@ class RKC(_Stabilized):
     eps = 2.0 / 13.0
 
     def __init__(self, spectral_radius=None, *, max_stages: int = 100, **kw):
+        if not (isinstance(max_stages, int | np.integer) and max_stages >= 2):
+            raise ValueError(f"RKC(max_stages={max_stages!r}): an int >= 2 (default 100).")
         self.max_stages = int(max_stages)
         super().__init__(spectral_radius, **kw)
 

@@ -31,7 +31,8 @@ def _check(name: str, A: ArrayLike, min_ndim: int = 1) -> Array:
     """Return ``A`` as a jax array after checking min_ndim <= ndim <= 3."""
     A = jnp.asarray(A)
     if not min_ndim <= A.ndim <= 3:
-        wanted = " or ".join(f"{d}-d" for d in range(min_ndim, 4))
+        # (an operator of every axis asks for ndim of the array itself: 1-d to 3-d then)
+        wanted = " or ".join(f"{d}-d" for d in range(min_ndim if min_ndim <= 3 else 1, 4))
         raise ValueError(f"{name}: expected a {wanted} array, got ndim={A.ndim}")
     return A
 
@@ -46,25 +47,23 @@ def _trims(
     for a in axes:
         trim[a] = width
     for k, t in enumerate(trim):
-        if A.shape[k] < t:
-            raise ValueError(
-                f"{name}: needs at least {t} points along axis {k} ({_NAMES[k]}), "
-                f"got shape {A.shape}"
-            )
+        _at_least(name, A, k, t + 1)
     return trim, base
+
+
+def _at_least(name: str, A: Array, k: int, n: int) -> None:
+    if A.shape[k] < n:  # (fewer would give an empty result, or a negative slice)
+        raise ValueError(
+            f"{name}: needs at least {n} points along axis {k} ({_NAMES[k]}), got shape {A.shape}"
+        )
 
 
 def _take(name: str, A: Array, shift: Sequence[int], trim: Sequence[int]) -> Array:
     """``A[shift_k : n_k - trim_k + shift_k]`` along every axis k."""
     idx = []
     for k, (s, t) in enumerate(zip(shift, trim, strict=True)):
-        n = A.shape[k]
-        if n < t:
-            raise ValueError(
-                f"{name}: needs at least {t} points along axis {k} ({_NAMES[k]}), "
-                f"got shape {A.shape}"
-            )
-        idx.append(slice(s, n - t + s))
+        _at_least(name, A, k, t + 1)
+        idx.append(slice(s, A.shape[k] - t + s))
     return A[tuple(idx)]
 
 
@@ -458,6 +457,11 @@ def minloc(A: ArrayLike) -> Array:
 def laplacian(A: ArrayLike, spacing: float | ArrayLike | Sequence[float | ArrayLike]) -> Array:
     """laplacian(A, h) = d2_xi(A)/h_x^2 + d2_yi(A)/h_y^2 + d2_zi(A)/h_z^2; shape (nx-2, ny-2, nz-2)."""  # noqa: E501
     A = _check("laplacian", A)
+    if isinstance(spacing, str) or (not isinstance(spacing, Sequence) and jnp.ndim(spacing) > 1):
+        raise TypeError(
+            f"laplacian: spacing={spacing!r}: a grid spacing (a number) or one per axis "
+            f"(a sequence or 1-d array of {A.ndim})."
+        )
     if isinstance(spacing, Sequence):
         hs = tuple(spacing)
     else:
