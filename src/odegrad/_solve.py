@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,7 +40,7 @@ from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes
 from ._solution import Result, Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
-from ._switches import switch_holder
+from ._switches import moved_time_switches, switch_holder
 from ._times import may_differentiate_times, solve_with_time_derivatives
 from ._tracers import derivative_levels, differentiated
 from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays
@@ -150,6 +151,8 @@ def _solve(
     """:func:`solve` once the inputs are on one device (or traced)."""
     adjoint = Auto() if adjoint is None else adjoint
     y0_user = y0
+    if events is None and getattr(step, "jump_ts", None) is None:
+        _warn_moved_time_switches(f, y0, t_span, args, solver)
     problem, ctx = _build_problem(
         f, y0, t_span, args, solver, step, saveat, adjoint, max_steps, events, max_events
     )
@@ -181,6 +184,33 @@ def _solve(
         outputs = (ts, ys, out.stats, refined_result(problem, out, y_start), dense, out.events)
     *outputs, log = outputs
     return Solution(*outputs, problem.solver, s, log)
+
+
+def _warn_moved_time_switches(f, y0, t_span, args, solver) -> None:
+    """Warn at trace time where ``f`` switches branch at a time that a differentiated value
+    moves (``where(t < tau, rate, 0)``, ``tau`` differentiated) and the solve has no event
+    there: every adjoint differentiates ``f`` pointwise, and ``d/dtau`` misses the jump."""
+    if solver is not None and getattr(solver, "partitioned", False):
+        return
+    cells = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
+    if not differentiated((y0, args, t_span, cells)):
+        return
+    try:
+        t0 = jnp.asarray(t_span[0], jnp.result_type(float))
+        labels = moved_time_switches(f, t0, y0, args, differentiated)
+    except Exception:  # a reader's limit is no reason to refuse the solve: none found
+        return
+    if labels:
+        warnings.warn(
+            f"og.solve: f switches branch at a time that a differentiated value moves "
+            f"({', '.join(labels)}), and the solve has no event there: no pointwise derivative "
+            "of f holds the jump's term, so the derivative with respect to that value misses "
+            "it (exactly 0 for where(t < tau, rate, 0)). Pass "
+            "events=og.switching_events(f, t0, y0, args): each crossing is then located and "
+            "its term added, by every adjoint.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _build_problem(

@@ -154,6 +154,32 @@ def time_switch_labels(f, t0, y0, args) -> list[str]:
     return list(dict.fromkeys(labels))
 
 
+def moved_time_switches(f, t0, y0, args, moving) -> list[str]:
+    """Labels of ``f``'s switches whose surface moves with ``t`` and with a value ``moving(x)``
+    marks (an array leaf of ``args``, or one ``f`` closes over): ``where(t < tau, ...)`` with
+    ``tau`` differentiated. No pointwise derivative of ``f`` holds the jump's term there, so
+    without an event on the surface ``d/dtau`` misses it (``0`` for a held rate). Nothing runs."""
+    arrays, rebuild, _ = split_arrays(args)
+    labels: list[str] = []
+
+    def surfaces(t, y, a):
+        found = _walk_f(f, t, y, rebuild(a), False, with_y=False)[0]
+        labels[:] = [label for _, label, *_ in found]
+        return [g() for g, *_ in found]
+
+    closed = jax.make_jaxpr(surfaces)(t0, y0, arrays)
+    jaxpr = closed.jaxpr
+    n_args = len(jax.tree.leaves(arrays))
+    marks = [False] * (len(jaxpr.invars) - n_args) + [moving(x) for x in jax.tree.leaves(arrays)]
+    reached = {v for v, m in zip(jaxpr.invars, marks, strict=True) if m}
+    reached |= {v for v, c in zip(jaxpr.constvars, closed.consts, strict=True) if moving(c)}
+    for eqn in jaxpr.eqns:
+        if any(not _is_literal(v) and v in reached for v in eqn.invars):
+            reached.update(eqn.outvars)
+    hit = [not _is_literal(v) and v in reached for v in jaxpr.outvars]
+    return [label for label, h in zip(labels, hit, strict=True) if h]
+
+
 _ORDERINGS = _RELATIONS | {"lt_to", "le_to"}
 
 
