@@ -668,3 +668,17 @@ def test_discrete_checkpoints_match_all():
     g3 = jax.jit(jax.grad(lambda p: loss(p, 3)))(p)
     gall = jax.jit(jax.grad(lambda p: loss(p, "all")))(p)
     np.testing.assert_allclose(g3, gall, rtol=1e-10, atol=1e-14)
+
+
+def test_forward_control_sensitivities_refused_by_implicit_solvers_warns():
+    """An implicit solver differentiates its own steps: Forward(control_sensitivities=True)
+    cannot put the sensitivities under error control there, and says so (it was silent)."""
+    f = lambda t, y, k: -k * y
+    with pytest.warns(
+        RuntimeWarning, match=r"control_sensitivities=True\) does not apply.*implicit"
+    ):
+        g = jax.grad(
+            lambda k: og.solve(f, 1.0, (0.0, 1.0), k, solver=og.Kvaerno3(),
+                               adjoint=og.Forward(control_sensitivities=True)).ys[-1]
+        )(2.0)  # fmt: skip
+    assert abs(float(g) + np.exp(-2.0)) < 1e-4

@@ -17,6 +17,7 @@ in the reverse pass (no backward solve at all; cost grows with ``n_y0 + n_args``
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -89,7 +90,13 @@ class Forward(AbstractAdjoint):
         )
 
     def run(self, problem: Problem) -> LoopOutput:
-        controlled = self.controls(problem)[0]
+        controlled, why = self.controls(problem)
+        if self.control_sensitivities and not controlled:  # asked for, and not possible here
+            warnings.warn(
+                f"og.Forward(control_sensitivities=True) does not apply to this solve: {why}.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         problem = problem.without_scan_tap()
         lanes = problem.plan.lanes
         # the save buffer carries one lane per direction under the vmap below
