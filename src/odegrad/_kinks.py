@@ -108,11 +108,17 @@ def reads_time(f: Callable, t, y, args) -> bool:
     operation with a ``t``-dependent operand counts as ``t``-dependent in all its results, so
     ``0 * t`` counts). Nothing runs."""
     jaxpr = jax.make_jaxpr(lambda t_: f(t_, y, args))(t).jaxpr
-    reached = set(jaxpr.invars)
+    return any(reached_outputs(jaxpr, jaxpr.invars))
+
+
+def reached_outputs(jaxpr, seeds) -> list[bool]:
+    """Which of ``jaxpr``'s outputs depend on the variables ``seeds`` by data flow (an
+    operation with a reached operand reaches all its results, nested calls included)."""
+    reached = set(seeds)
     for eqn in jaxpr.eqns:
         if any(not _is_literal(v) and v in reached for v in eqn.invars):
             reached.update(eqn.outvars)
-    return any(not _is_literal(v) and v in reached for v in jaxpr.outvars)
+    return [not _is_literal(v) and v in reached for v in jaxpr.outvars]
 
 
 def describe_kinks(kinks: Sequence[Kink], limit: int = 3) -> str:

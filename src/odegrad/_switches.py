@@ -44,7 +44,7 @@ from jax.extend import core as jex_core
 
 from ._batching import any_member, run_if
 from ._events import Event
-from ._kinks import _CALLS, _inexact, _is_literal, _location
+from ._kinks import _CALLS, _inexact, _is_literal, _location, reached_outputs
 from ._tree import split_arrays
 
 __all__ = ["switching_events"]
@@ -171,12 +171,9 @@ def moved_time_switches(f, t0, y0, args, moving) -> list[str]:
     jaxpr = closed.jaxpr
     n_args = len(jax.tree.leaves(arrays))
     marks = [False] * (len(jaxpr.invars) - n_args) + [moving(x) for x in jax.tree.leaves(arrays)]
-    reached = {v for v, m in zip(jaxpr.invars, marks, strict=True) if m}
-    reached |= {v for v, c in zip(jaxpr.constvars, closed.consts, strict=True) if moving(c)}
-    for eqn in jaxpr.eqns:
-        if any(not _is_literal(v) and v in reached for v in eqn.invars):
-            reached.update(eqn.outvars)
-    hit = [not _is_literal(v) and v in reached for v in jaxpr.outvars]
+    seeds = [v for v, m in zip(jaxpr.invars, marks, strict=True) if m]
+    seeds += [v for v, c in zip(jaxpr.constvars, closed.consts, strict=True) if moving(c)]
+    hit = reached_outputs(jaxpr, seeds)
     return [label for label, h in zip(labels, hit, strict=True) if h]
 
 

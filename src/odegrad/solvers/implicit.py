@@ -289,6 +289,7 @@ class _Implicit(AbstractSolver):
         newton_rtol: float | None = None,
         newton_atol: float | None = None,
         max_newton_iters: int = 10,
+        jacobian_reuse_rate: float = 1e-3,
         gmres_tol: float | None = None,
         gmres_restart: int = 20,
         gmres_maxiter: int = 20,
@@ -324,6 +325,14 @@ class _Implicit(AbstractSolver):
         for arg, v in (("gmres_restart", gmres_restart), ("gmres_maxiter", gmres_maxiter)):
             if not (isinstance(v, int) and v >= 1):
                 raise ValueError(f"{name}({arg}={v!r}): use an int >= 1.")
+        rate = jacobian_reuse_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
+            raise ValueError(
+                f"{name}(jacobian_reuse_rate={rate!r}): use a float in [0, 1): the Newton "
+                "contraction rate below which the dense Jacobian is kept for the next step "
+                "(1e-3 default; about 0.1 when Jacobians are costly; 0 computes one every step)."
+            )
+        self.jacobian_reuse_rate = float(rate)
         self.gmres_tol = gmres_tol
         self.gmres_restart = gmres_restart
         self.gmres_maxiter = gmres_maxiter
@@ -420,40 +429,10 @@ class _ESDIRK(_Implicit):
     #: ``f(t1, y1)`` only to the Newton tolerance, so checkpoints keep it with ``y``
     state_from_y = False
 
-    def __init__(
-        self,
-        linear_solver: str = "auto",
-        *,
-        preconditioner: Callable | None = None,
-        newton_rtol: float | None = None,
-        newton_atol: float | None = None,
-        max_newton_iters: int = 10,
-        jacobian_reuse_rate: float = 1e-3,
-        gmres_tol: float | None = None,
-        gmres_restart: int = 20,
-        gmres_maxiter: int = 20,
-    ):
-        super().__init__(
-            linear_solver,
-            preconditioner=preconditioner,
-            newton_rtol=newton_rtol,
-            newton_atol=newton_atol,
-            max_newton_iters=max_newton_iters,
-            gmres_tol=gmres_tol,
-            gmres_restart=gmres_restart,
-            gmres_maxiter=gmres_maxiter,
-        )
-        rate = jacobian_reuse_rate
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < 1:
-            raise ValueError(
-                f"{type(self).__name__}(jacobian_reuse_rate={rate!r}): use a float in [0, 1): "
-                "the Newton contraction rate below which the dense Jacobian is kept for the "
-                "next step (1e-3 default; about 0.1 when Jacobians are costly; 0 computes one "
-                "every step)."
-            )
-        self.jacobian_reuse_rate = float(rate)
+    @property
+    def step_evals(self) -> int:
         # a nominal count, one per implicit stage: step() reports the Newton iterations made
-        self.step_evals = self.tableau.stages - 1
+        return self.tableau.stages - 1
 
     def _carries_jacobian(self, n: int) -> bool:
         return self.jacobian_reuse_rate > 0 and _linear.resolve(self.linear_solver, n) == "dense"

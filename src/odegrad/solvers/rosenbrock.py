@@ -12,7 +12,6 @@ JVPs).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -218,25 +217,23 @@ class _Rosenbrock(_Implicit):
     init_evals = 0
     state_from_y = True
 
-    def __init__(
-        self,
-        linear_solver: str = "auto",
-        *,
-        preconditioner: Callable | None = None,
-        gmres_tol: float | None = None,
-        gmres_restart: int = 20,
-        gmres_maxiter: int = 20,
-    ):
-        # (no Newton iterations, and the exact Jacobian every step: no Newton settings, no
-        # Jacobian reuse)
-        super().__init__(
-            linear_solver,
-            preconditioner=preconditioner,
-            gmres_tol=gmres_tol,
-            gmres_restart=gmres_restart,
-            gmres_maxiter=gmres_maxiter,
-        )
-        self.step_evals = self.tableau.stages  # one evaluation per stage plus the Jacobian
+    #: (no Newton iterations, and the exact Jacobian every step: no Newton settings, no
+    #: Jacobian reuse)
+    options = ("preconditioner", "gmres_tol", "gmres_restart", "gmres_maxiter")
+
+    def __init__(self, linear_solver: str = "auto", **options):
+        unused = sorted(set(options) - set(self.options))
+        if unused:
+            raise TypeError(
+                f"{type(self).__name__}() takes linear_solver and {', '.join(self.options)}; "
+                f"not {', '.join(unused)} (it makes no Newton iterations and builds the exact "
+                "Jacobian every step)."
+            )
+        super().__init__(linear_solver, **options)
+
+    @property
+    def step_evals(self) -> int:
+        return self.tableau.stages  # one evaluation per stage, plus the Jacobian
 
     def adjoint_solver(self):
         """Kvaerno5: a Rosenbrock method's order conditions use ``df/dt`` and the exact
