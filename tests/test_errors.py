@@ -627,3 +627,25 @@ def test_half_precision_below_its_resolution():
         og.solve(decay, jnp.ones(2, jnp.float16), (0.0, 1.0))
     sol = og.solve(decay, jnp.ones(2, jnp.float16), (0.0, 1.0), step=og.Adaptive(1e-2, 1e-3))
     np.testing.assert_allclose(np.asarray(sol.ys[-1], float), np.exp(-1.0), rtol=5e-3)
+
+
+def test_implicit_solver_failures_are_worded_for_it(caplog):
+    """An implicit solver that runs out of steps, or whose step underflows at a blow-up, is not
+    told to "try a stiff solver"; only an ESDIRK one (Newton) is pointed at max_newton_iters.
+    A failure under jax.jit is reported once: JAX's callback logger, which printed the same
+    error and traceback before the JaxRuntimeError, stays quiet for ours."""
+    blow_up = lambda t, y, a: y**2  # y = 1 / (1 - t): singular at t = 1
+    cases = [
+        (og.Kvaerno3(), 3, "max_steps was reached before t1 with an implicit solver"),
+        (og.Kvaerno3(), 4096, "fell below the floor with an implicit solver"),
+        (og.Rodas5P(), 4096, "fell below the floor with an implicit solver"),
+    ]
+    for solver, max_steps, fragment in cases:
+        caplog.clear()
+        with pytest.raises(RuntimeError) as info:
+            solve_jit(blow_up, jnp.ones(1), t_span=(0.0, 2.0), solver=solver, max_steps=max_steps)
+        text = str(info.value)
+        assert fragment in text and "stiff solver" not in text, text
+        assert ("max_newton_iters" in text) == ("floor" in text and solver.order == 3), text
+        logged = [r.getMessage() + str(r.exc_info) for r in caplog.records]
+        assert not [m for m in logged if "og.solve failed" in m], logged

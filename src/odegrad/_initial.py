@@ -200,6 +200,21 @@ _RUNS_ON = (
     "it first appeared"
 )
 _FIX_NONFINITE = "check f and the initial state, or take smaller steps"
+_STIFF_SOLVER_FAILED = {
+    Result.max_steps_reached: (
+        "max_steps was reached before t1 with an implicit solver; raise max_steps=... or "
+        "loosen the tolerances (float32 resolves little below rtol=1e-5), and look where the "
+        "steps shrank (SaveAt(steps=True)): a fast transient or a blow-up in f"
+    ),
+    Result.step_size_underflow: (
+        "the step size fell below the floor with an implicit solver: f may blow up or be "
+        "singular here (check f near this t){}"
+    ),
+}
+_NEWTON_FAILED = (
+    ", or Newton kept failing (try max_newton_iters=..., or og.Rodas5P(), which needs no "
+    "Newton iterations)"
+)
 
 
 def describe(problem, y0_user: PyTree, args_user: PyTree, saves_fn: bool = False):
@@ -251,8 +266,11 @@ def describe(problem, y0_user: PyTree, args_user: PyTree, saves_fn: bool = False
         return None
 
     from ._loop import AT_END, AT_SAVE, RuntimeGrid
+    from .solvers.implicit import _ESDIRK
 
     fixed_steps = isinstance(problem.control, RuntimeGrid)
+    stiff_solver = getattr(problem.solver, "implicit", False)
+    newton = _NEWTON_FAILED if isinstance(problem.solver, _ESDIRK) else ""
 
     def body(code, info):
         info, how = info
@@ -264,6 +282,9 @@ def describe(problem, y0_user: PyTree, args_user: PyTree, saves_fn: bool = False
                 "events cut short) number more than max_steps; pass a larger max_steps or a "
                 "larger step size"
             )
+        if code in (Result.max_steps_reached, Result.step_size_underflow) and stiff_solver:
+            # (the codes' own messages suggest a stiff solver)
+            return _STIFF_SOLVER_FAILED[code].format(newton)
         if code == Result.nonfinite_y0:
             return f"the initial state y0 is not finite: {entry(y_names, *info[0:2])}; {_FIX_Y0}"
         if code != Result.nonfinite_f0:

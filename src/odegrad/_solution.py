@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import logging
 from functools import partial
 from typing import Any
 
@@ -167,6 +168,22 @@ class Solution:
         return f"Solution(ts={getattr(self.ts, 'shape', None)}, ys={shapes}, result={self.result})"
 
 
+class SolveFailure(RuntimeError):
+    """A failed solve with ``throw=True`` (eager calls raise it as is; under ``jax.jit`` JAX
+    wraps it in a ``JaxRuntimeError``, also a ``RuntimeError``, whose text ends with ours)."""
+
+
+class _QuietSolveFailures(logging.Filter):
+    """JAX logs each exception a callback raises, traceback and all, before raising it again
+    wrapped: every failed solve under ``jax.jit`` printed its error twice. Only ours are hidden."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], SolveFailure))
+
+
+logging.getLogger("jax._src.callback").addFilter(_QuietSolveFailures())
+
+
 def result_message(code: int, t, step, member: str = "", body: str | None = None) -> str:
     """The error text for a failed solve; ``body`` (say, naming the leaf at fault) replaces the
     code's own message."""
@@ -203,7 +220,7 @@ def _raise_first_failure(code, t, step, info=None, describe=None):
             return x.reshape((code.size, *x.shape[code.ndim :]))[i]
 
         body = describe(int(code.reshape(-1)[i]), jax.tree.map(of_member, info))
-    raise RuntimeError(
+    raise SolveFailure(
         result_message(code.reshape(-1)[i], t.reshape(-1)[i], step.reshape(-1)[i], member, body)
         + " Pass throw=False to get sol.result instead of an error."
     )
