@@ -166,9 +166,15 @@ def test_time_forcing_is_resolved(solver):
 
 
 def test_rodas5_warns_where_f_reads_t():
-    with pytest.warns(UserWarning, match="og.Rodas5P"):
+    with pytest.warns(UserWarning, match="og.Rodas5P") as record:
         sol = og.solve(lambda t, y, a: jnp.cos(t) + 0 * y, jnp.zeros(1), (0.0, 10.0), None,
                        solver=og.Rodas5(), step=og.Adaptive(rtol=1e-6, atol=1e-6))  # fmt: skip
+    # it names the line that called og.solve (it named odegrad's _loop.py), eager or jitted
+    assert {w.filename for w in record} == {__file__}, [w.filename for w in record]
+    with pytest.warns(UserWarning, match="og.Rodas5P") as record:
+        jax.jit(lambda y: og.solve(lambda t, y, a: jnp.cos(t) - y, y, (0.0, 1.0), None,
+                                   solver=og.Rodas5()).ys)(jnp.zeros(1))  # fmt: skip
+    assert {w.filename for w in record} == {__file__}, [w.filename for w in record]
     # the blind spot the warning names (with a stiff mode beside it, as above, it sees it)
     assert abs(float(sol.ys[-1, 0]) - np.sin(10.0)) > 1.0
     with warnings.catch_warnings():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +43,7 @@ from ._switches import moved_time_switches, switch_holder
 from ._times import may_differentiate_times, solve_with_time_derivatives
 from ._tracers import derivative_levels, differentiated
 from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays
+from ._warn import warn_user
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
 from .solvers.base import AbstractSolver
@@ -201,15 +201,13 @@ def _warn_moved_time_switches(f, y0, t_span, args, solver) -> None:
     except Exception:  # a reader's limit is no reason to refuse the solve: none found
         return
     if labels:
-        warnings.warn(
+        warn_user(
             f"og.solve: f switches branch at a time that a differentiated value moves "
             f"({', '.join(labels)}), and the solve has no event there: no pointwise derivative "
             "of f holds the jump's term, so the derivative with respect to that value misses "
             "it (exactly 0 for where(t < tau, rate, 0)). Pass "
             "events=og.switching_events(f, t0, y0, args): each crossing is then located and "
-            "its term added, by every adjoint.",
-            RuntimeWarning,
-            stacklevel=3,
+            "its term added, by every adjoint."
         )
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -46,6 +45,7 @@ from ._batching import any_member, run_if
 from ._events import Event
 from ._kinks import _CALLS, _inexact, _is_literal, _location, reached_outputs
 from ._tree import split_arrays
+from ._warn import warn_user
 
 __all__ = ["switching_events"]
 
@@ -109,10 +109,10 @@ def switching_events(
     shapes = jax.eval_shape(lambda t, y, a: describe(t, y, rebuild(a)), t0, y0, arrays)
     sizes = [math.prod(s.shape) for s in shapes]
     for label in uncovered:
-        warnings.warn(
+        warn_user(
             f"og.switching_events: {label} switches with the state on ties between entries, "
             "which no event describes; its crossings get no event.",
-            stacklevel=2,
+            UserWarning,
         )
     total = sum(sizes)
     if total > max_surfaces:

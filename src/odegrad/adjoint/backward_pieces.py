@@ -5,14 +5,13 @@ report of a failed backward solve, and the trace-time warning of switches in tim
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._solution import Result
 from .._switches import time_switch_labels
+from .._warn import warn_user
 from .base import Problem
 
 
@@ -37,7 +36,7 @@ def warn_unseen_switches(name: str, problem: Problem) -> None:
     adjoint chosen by hand warns)."""
     labels = unseen_time_switches(problem)
     if labels:
-        warnings.warn(
+        warn_user(
             f"og.{name}(): f switches branch in time at {', '.join(labels)}, and the solve has "
             "no events there: the backward solve's steps cross those times unseen (its error "
             "control leaves dL/dp out), so dL/dp is off there by far more than the tolerance "
@@ -51,9 +50,7 @@ def warn_unseen_switches(name: str, problem: Problem) -> None:
                 "knots, step_ts is enough.)"
                 if getattr(problem.control, "step_ts", None) is not None
                 else ""
-            ),
-            RuntimeWarning,
-            stacklevel=4,
+            )
         )
 
 

@@ -17,7 +17,6 @@ in the reverse pass (no backward solve at all; cost grows with ``n_y0 + n_args``
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -30,6 +29,7 @@ from jax.flatten_util import ravel_pytree
 from .._kinks import jacobian_jumps
 from .._loop import LoopOutput, RuntimeGrid
 from .._tree import tolerance_leaves, tree_size
+from .._warn import warn_user
 from .base import (
     AbstractAdjoint,
     CustomRule,
@@ -92,10 +92,8 @@ class Forward(AbstractAdjoint):
     def run(self, problem: Problem) -> LoopOutput:
         controlled, why = self.controls(problem)
         if self.control_sensitivities and not controlled:  # asked for, and not possible here
-            warnings.warn(
-                f"og.Forward(control_sensitivities=True) does not apply to this solve: {why}.",
-                RuntimeWarning,
-                stacklevel=3,
+            warn_user(
+                f"og.Forward(control_sensitivities=True) does not apply to this solve: {why}."
             )
         problem = problem.without_scan_tap()
         lanes = problem.plan.lanes

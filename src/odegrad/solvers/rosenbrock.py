@@ -11,12 +11,12 @@ JVPs).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
+from .._warn import warn_user
 from . import _linear
 from .base import StepResult
 from .implicit import _flat_rhs, _Implicit, _lincomb
@@ -350,12 +350,11 @@ class Rodas5(_Rosenbrock):
         from .._kinks import reads_time
 
         if reads_time(f, t0, y0, args):
-            warnings.warn(
+            warn_user(
                 "Rodas5's error estimate does not see the error of f's dependence on t (a "
                 "time-dependent forcing: its steps can grow unchecked and miss the tolerance "
                 "by orders of magnitude); og.Rodas5P() has the same cost and an estimate that "
                 "sees it.",
                 UserWarning,
-                stacklevel=2,
             )
         return ()
