@@ -255,3 +255,16 @@ def test_explain_names_the_row_propagator():
     )
     # rows that mix, a narrow f: the saves as columns (a state of 12 entries)
     assert "up to 16 as columns per step" in explain(coupled, Y0)
+
+
+def test_implicit_backward_solves_stop_at_each_save():
+    """The saves ride as rows or columns in explicit backward steps only: an implicit solver's
+    Newton solve on the stacked columns cost a fresh Jacobian each step, and one max_steps
+    budget served the whole span (Van der Pol with Kvaerno3 ran out; test_implicit's slow
+    test_stiff_continuous_adjoints_kvaerno3 checks that gradient against CVODES)."""
+    for solver in (og.Kvaerno3(), og.Kvaerno5(), og.Rodas5P()):
+        said = og.explain_adjoint(
+            coupled, Y0, (0.0, 2.0), P, saveat=og.SaveAt(ts=TS), adjoint=og.Interpolating(),
+            solver=solver,
+        )  # fmt: skip
+        assert f"the backward solve stops at each of the {TS.size} saves" in said, said
