@@ -54,21 +54,24 @@ Y0 = jnp.array([2.0, 1.5])
 TS = jnp.concatenate([jnp.zeros(2), jnp.linspace(0.3, 3.5, 37), jnp.array([3.5, 3.5, 4.0])])
 
 
-def make_loss(f, adjoint, tol, *, ts=TS, fn=None, event=None):
+def make_loss(f, adjoint, tol, *, ts=TS, fn=None, event=None, t1=False, row_weights=None):
     def loss(p, y0):
         sol = og.solve(
             f,
             y0,
             (0.0, 4.0),
             p,
-            saveat=og.SaveAt(ts=ts, fn=fn),
+            saveat=og.SaveAt(ts=ts, fn=fn, t1=t1),
             step=og.Adaptive(rtol=tol, atol=tol),
             adjoint=adjoint,
             events=event,
             throw=event is None,
         )
         ys = jnp.where(jnp.isfinite(sol.ys), sol.ys, 0.0)  # rows after a terminal event
-        return jnp.sum(jnp.sin(ys) * jnp.arange(1, ys.size + 1).reshape(ys.shape) / ys.size)
+        w = jnp.arange(1, ys.size + 1).reshape(ys.shape) / ys.size
+        if row_weights is not None:
+            w = w * row_weights[:, None]
+        return jnp.sum(jnp.sin(ys) * w)
 
     return loss
 
@@ -253,8 +256,9 @@ def test_columns_on_a_kinked_field():
 
 @pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
 def test_columns_with_terminal_event_and_save_at_its_time():
-    # y0 rises through 6 at some t* near 2; a save lands exactly on t* (found first, then placed),
-    # and the saves after it are inf rows that must take no part
+    # y0 rises through 6 at some t* near 2; saves land just before t*, exactly on it (found
+    # first, then placed) and just after it; the saves after t* are inf rows that must take no
+    # part, and the event's state (SaveAt(t1=True)) moves with t*(p)
     event = og.Event(lambda t, y, args: y[0] - 6.0, terminal=True)
     sol = jax.jit(  # (compiled: eagerly, the solve runs its loop's surroundings op by op)
         lambda y0, p: og.solve(
@@ -270,10 +274,27 @@ def test_columns_with_terminal_event_and_save_at_its_time():
     )(Y0, P)
     t_event = float(sol.ts[-1])
     assert 0.3 < t_event < 3.5
-    ts = jnp.sort(jnp.concatenate([TS, jnp.array([t_event])]))
-    grads = gradients(lotka_volterra, og.Interpolating(), (16,), ts=ts, event=event)
+    near = jnp.array([t_event - 1e-6, t_event, t_event + 1e-6])
+    ts = jnp.sort(jnp.concatenate([TS, near]))
+    # The row at exactly t* is where the loss jumps: it is finite or inf by the last ulps of
+    # each solve's event time (the Discrete reference's, at 1e-12, and Interpolating's, at
+    # 1e-9, differed, and the gradients by 2x). It is placed, and weighted 0.
+    at_event = np.flatnonzero(np.asarray(ts) == t_event)
+    weights = jnp.ones(ts.size + 1).at[at_event].set(0.0)
+    grads = gradients(
+        lotka_volterra, og.Interpolating(), (16,), ts=ts, event=event, t1=True,
+        row_weights=weights,
+    )  # fmt: skip
     # the event time moves with p: the gradient includes its sensitivity, to the tolerance
     assert_agree(grads, 1e-5)
+    # the row at t* - 1e-6 is in and the one at t* + 1e-6 out, in every solve
+    rows = jax.jit(
+        lambda y0, p: og.solve(
+            lotka_volterra, y0, (0.0, 4.0), p, saveat=og.SaveAt(ts=near),
+            step=og.Adaptive(rtol=TOL, atol=TOL), events=event, throw=False,
+        ).ys
+    )(Y0, P)  # fmt: skip
+    assert np.isfinite(rows[0]).all() and not np.isfinite(rows[2]).any(), rows
 
 
 @pytest.mark.parametrize(
