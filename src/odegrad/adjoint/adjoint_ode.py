@@ -47,6 +47,7 @@ from .._step import AbstractStep, Adaptive, Fixed, jump_times
 from .._tree import (
     tightest_tolerance,
     tree_add,
+    tree_all_finite,
     tree_scale,
     tree_size,
     tree_where,
@@ -453,6 +454,8 @@ class _Continuous(AbstractAdjoint):
                 # the gradient is nan then, and an error with throw (see _backward)
                 first = (c["failed"] == 0) & (out.result != 0)
                 c["failed"] = jnp.where(first, out.result, c["failed"])
+                # a nan that came in (the loss's) is the gradient's; one the solve made is not
+                c["nan_in"] = jnp.where(first, ~tree_all_finite(z), c["nan_in"])
                 fail_t = locate_failure(out, None, None)[0]
                 c["failed_p"] = jnp.where(first, -fail_t, c["failed_p"])
             else:  # fixed grids: one backward step per forward step
@@ -539,15 +542,18 @@ class _Continuous(AbstractAdjoint):
             carry["h"] = jnp.full((), jnp.nan, tdtype)
         carry["failed"] = jnp.zeros((), jnp.int32)
         carry["failed_p"] = jnp.zeros((), tdtype)
+        carry["nan_in"] = jnp.zeros((), bool)
         carry = src.sweep(bwd, carry)
         failed = carry["failed"] != 0
         grads = jax.tree.map(lambda x: jnp.where(failed, jnp.nan, x), (carry["a"], carry["g"]))
-        # a non-finite adjoint (from a nan in the loss, or a blow-up) shows as nan, as in
-        # Discrete's gradient; running out of steps or a step underflow raise with throw
-        raises = failed & (carry["failed"] != Result.nonfinite)
+        # a non-finite adjoint from a nan in the loss shows as nan, as in Discrete's gradient;
+        # a backward solve that failed on a finite adjoint raises with throw (float32 Robertson
+        # with Kvaerno5, Interpolating: its Newton iterations failed at every step size, and
+        # the gradient was nan without a word)
+        raises = failed & ((carry["failed"] != Result.nonfinite) | ~carry["nan_in"])
         if problem.throw:
             report = partial(report_backward_failure, type(self).__name__, problem.max_steps)
-            where = (carry["failed"], s * carry["failed_p"])
+            where = (jnp.where(raises, carry["failed"], 0), s * carry["failed_p"])
             grads = host_check(report, grads, any_member(raises), *where)
         return grads
 

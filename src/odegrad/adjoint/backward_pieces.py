@@ -57,10 +57,14 @@ def warn_unseen_switches(name: str, problem: Problem) -> None:
 def report_backward_failure(name: str, max_steps: int, code, t) -> None:
     """Host side: the backward solve of some member failed; name why and where."""
     code, t = np.asarray(code).ravel(), np.asarray(t).ravel()
-    k = int(np.argmax((code != 0) & (code != int(Result.nonfinite))))
+    k = int(np.argmax(code != 0))  # (the members whose failure raises)
     why = {
         int(Result.max_steps_reached): f"ran out of steps (max_steps={max_steps} per interval)",
         int(Result.step_size_underflow): "took a step too small (the adjoint system is stiff)",
+        int(Result.nonfinite): (
+            "went non-finite from a finite adjoint (it overflowed, or an implicit solver's "
+            "Newton iterations failed at every step size: in float32, loosen its atol)"
+        ),
     }.get(int(code[k]), f"failed ({Result(int(code[k])).name})")
     member = f" (batch member {k})" if code.size > 1 else ""
     raise RuntimeError(
