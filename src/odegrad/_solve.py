@@ -33,6 +33,7 @@ from ._initial import (
     refined_result,
     state_names,
 )
+from ._kinks import describe_kinks, find_kinks
 from ._loop import RuntimeGrid
 from ._saveat import SaveAt, check_save_times, save_times_valid
 from ._saving import SavePlan, assemble, static_slot_count
@@ -186,6 +187,29 @@ def _solve(
     return Solution(*outputs, problem.solver, s, log)
 
 
+def _warn_kinked_second_derivatives(f, t0, y0, args) -> None:
+    """Warn at trace time of a second derivative through a solve whose ``f`` has kinks.
+
+    Where a trajectory crosses a kink, the flow's first derivative is continuous but its second
+    jumps: the crossing adds a term that no pointwise second derivative of ``f`` holds (relu in
+    ``y' = -k relu(y - a) - c y``: jax.hessian gave 0.0 for -0.019, with every adjoint). Events,
+    which would locate the crossing, refuse second derivatives. A kink no trajectory crosses
+    costs nothing, so this warns rather than refuses."""
+    try:
+        kinks = find_kinks(f, t0, y0, args)
+    except Exception:  # a reader's limit is no reason to refuse the solve: none found
+        return
+    if kinks:
+        warn_user(
+            f"og.solve: a second derivative (jax.hessian, jax.jacfwd of jax.grad, ...) through "
+            f"a solve whose f has kinks ({describe_kinks(kinks)}): wherever the trajectory "
+            "crosses one, the second derivative misses the crossing's term and is wrong by "
+            "O(1) (the first derivative is right). Smooth the switch for second derivatives "
+            "(jax.nn.softplus for relu, a steep tanh for a sign), or take finite differences of "
+            "the gradient; a kink no trajectory crosses is harmless."
+        )
+
+
 def _warn_moved_time_switches(f, y0, t_span, args, solver) -> None:
     """Warn at trace time where ``f`` switches branch at a time that a differentiated value
     moves (``where(t < tau, rate, 0)``, ``tau`` differentiated) and the solve has no event
@@ -254,8 +278,11 @@ def _build_problem(
     # Only the array leaves of args are traced; the rest (an equinox module's activation
     # function, strings, Python numbers) are put back around them inside f and fn.
     arrays, user_args, arrays_of = split_arrays(args)
+    cells = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
     f = _with_user_args(f, user_args, solver.partitioned)
     check_rhs(f, solver, t0, y0, arrays)
+    if not (events or solver.partitioned) and derivative_levels((y0, args, t_span, cells)) > 1:
+        _warn_kinked_second_derivatives(f, t0, y0, arrays)
 
     grid, control = _grid(step, solver, t0, t1_run, s, tdtype, max_steps)
     if events and grid is not None:  # an event ends a step early: the while loop's grid
