@@ -152,8 +152,14 @@ def entry_sum(x):
     """
     from ._tuning import tuning
 
-    # (jnp.sum accumulates float16 and bfloat16 in float32; the plain loop would not)
-    if jnp.size(x) > tuning().plain_sum_entries or jnp.dtype(jnp.result_type(x)).itemsize < 4:
+    # (jnp.sum accumulates float16 and bfloat16 in float32; the plain loop would not. With
+    # several devices a sharded x needs a cross-device reduction, which XLA's SPMD partitioner
+    # builds for an add only: "UNIMPLEMENTED: Unsupported reduction computation" otherwise)
+    if (
+        jnp.size(x) > tuning().plain_sum_entries
+        or jnp.dtype(jnp.result_type(x)).itemsize < 4
+        or jax.device_count() > 1
+    ):
         return jnp.sum(x)
     return _plain_sum(x)
 
