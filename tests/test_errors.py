@@ -382,6 +382,12 @@ def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
         jax.jit(jax.grad(loss))(lk)
     nan_loss = lambda y0: og.solve(decay, y0, (0.0, 1.0), adjoint=og.Interpolating()).ys.sum()
     assert np.isnan(np.asarray(jax.grad(lambda y0: nan_loss(y0) * jnp.nan)(jnp.ones(2)))).all()
+    # a nan at a middle save (missing data), which the columns take in inside a backward step
+    ts = jnp.linspace(0.1, 1.0, 10)
+    w = jnp.where(jnp.arange(10) == 4, jnp.nan, 1.0)[:, None]
+    saves = lambda y0: og.solve(decay, y0, (0.0, 1.0), saveat=og.SaveAt(ts=ts),
+                                adjoint=og.Interpolating()).ys  # fmt: skip
+    assert np.isnan(np.asarray(jax.jit(jax.grad(lambda y0: jnp.sum(saves(y0) * w)))(Y0))).all()
 
 
 def test_adjoint_backward_solver_or_step_that_cannot_work():

@@ -169,8 +169,9 @@ class Solution:
 
 
 class SolveFailure(RuntimeError):
-    """A failed solve with ``throw=True`` (eager calls raise it as is; under ``jax.jit`` JAX
-    wraps it in a ``JaxRuntimeError``, also a ``RuntimeError``, whose text ends with ours)."""
+    """A failed solve or backward solve with ``throw=True`` (internal: catch ``RuntimeError``.
+    Eager calls raise it as is; under ``jax.jit`` JAX wraps it in a ``JaxRuntimeError``, also a
+    ``RuntimeError``, whose text ends with ours)."""
 
 
 class _QuietSolveFailures(logging.Filter):

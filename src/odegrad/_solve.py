@@ -187,6 +187,17 @@ def _solve(
     return Solution(*outputs, problem.solver, s, log)
 
 
+def _closure_values(f) -> list:
+    """What ``f`` closes over directly (empty cells, not yet assigned, skipped)."""
+    values = []
+    for cell in getattr(f, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # "Cell is empty"
+            pass
+    return values
+
+
 def _warn_kinked_second_derivatives(f, t0, y0, args) -> None:
     """Warn at trace time of a second derivative through a solve whose ``f`` has kinks.
 
@@ -216,7 +227,7 @@ def _warn_moved_time_switches(f, y0, t_span, args, solver) -> None:
     there: every adjoint differentiates ``f`` pointwise, and ``d/dtau`` misses the jump."""
     if solver is not None and getattr(solver, "partitioned", False):
         return
-    cells = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
+    cells = _closure_values(f)
     if not differentiated((y0, args, t_span, cells)):
         return
     try:
@@ -278,7 +289,7 @@ def _build_problem(
     # Only the array leaves of args are traced; the rest (an equinox module's activation
     # function, strings, Python numbers) are put back around them inside f and fn.
     arrays, user_args, arrays_of = split_arrays(args)
-    cells = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())]
+    cells = _closure_values(f)
     f = _with_user_args(f, user_args, solver.partitioned)
     check_rhs(f, solver, t0, y0, arrays)
     if not (events or solver.partitioned) and derivative_levels((y0, args, t_span, cells)) > 1:

@@ -14,6 +14,7 @@ import sys
 import warnings
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_LIBRARIES = tuple(os.sep + name + os.sep for name in ("jax", "jaxlib", "equinox"))
 
 
 def warn_user(message: str, category: type[Warning] = RuntimeWarning) -> None:
@@ -23,10 +24,14 @@ def warn_user(message: str, category: type[Warning] = RuntimeWarning) -> None:
         >>> warn_user("og.solve: ... ; pass events=...")  # names the caller's og.solve line
     """
     # frames[i] is warnings.warn's stacklevel i + 2; JAX's tracing frames sit between
-    # odegrad's, so the user's line is the one past the outermost odegrad frame
+    # odegrad's, so the user's line is past the outermost odegrad frame, and past JAX's own
+    # frames above it (a backward pass is traced from the user's jax.grad call)
     frames, frame = [], sys._getframe(1)
     while frame is not None:
-        frames.append(frame.f_code.co_filename.startswith(_PACKAGE))
+        frames.append(frame.f_code.co_filename)
         frame = frame.f_back
-    outermost = max((i for i, ours in enumerate(frames) if ours), default=-1)
-    warnings.warn(message, category, stacklevel=outermost + 3)
+    ours = [i for i, name in enumerate(frames) if name.startswith(_PACKAGE)]
+    i = ours[-1] + 1 if ours else 0
+    while i < len(frames) - 1 and any(part in frames[i] for part in _LIBRARIES):
+        i += 1
+    warnings.warn(message, category, stacklevel=i + 2)

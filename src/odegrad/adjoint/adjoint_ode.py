@@ -454,8 +454,6 @@ class _Continuous(AbstractAdjoint):
                 # the gradient is nan then, and an error with throw (see _backward)
                 first = (c["failed"] == 0) & (out.result != 0)
                 c["failed"] = jnp.where(first, out.result, c["failed"])
-                # a nan that came in (the loss's) is the gradient's; one the solve made is not
-                c["nan_in"] = jnp.where(first, ~tree_all_finite(z), c["nan_in"])
                 fail_t = locate_failure(out, None, None)[0]
                 c["failed_p"] = jnp.where(first, -fail_t, c["failed_p"])
             else:  # fixed grids: one backward step per forward step
@@ -542,15 +540,17 @@ class _Continuous(AbstractAdjoint):
             carry["h"] = jnp.full((), jnp.nan, tdtype)
         carry["failed"] = jnp.zeros((), jnp.int32)
         carry["failed_p"] = jnp.zeros((), tdtype)
-        carry["nan_in"] = jnp.zeros((), bool)
         carry = src.sweep(bwd, carry)
         failed = carry["failed"] != 0
         grads = jax.tree.map(lambda x: jnp.where(failed, jnp.nan, x), (carry["a"], carry["g"]))
-        # a non-finite adjoint from a nan in the loss shows as nan, as in Discrete's gradient;
-        # a backward solve that failed on a finite adjoint raises with throw (float32 Robertson
-        # with Kvaerno5, Interpolating: its Newton iterations failed at every step size, and
-        # the gradient was nan without a word)
-        raises = failed & ((carry["failed"] != Result.nonfinite) | ~carry["nan_in"])
+        # A non-finite adjoint from a nan in the loss (any save's cotangent: columns take them
+        # in inside a backward step) shows as nan, as in Discrete's gradient; a backward solve
+        # that went non-finite on finite cotangents raises with throw (float32 Robertson with
+        # Kvaerno5, Interpolating: Newton failed at every step size, and the gradient was nan
+        # without a word). Backsolve's re-integrated state, which may overflow backwards, is
+        # its drift check's to report (on_drift).
+        made_here = tree_all_finite((ct.y1, ct.ts_ys, ct.steps_ys)) & (not src.reintegrates)
+        raises = failed & ((carry["failed"] != Result.nonfinite) | made_here)
         if problem.throw:
             report = partial(report_backward_failure, type(self).__name__, problem.max_steps)
             where = (jnp.where(raises, carry["failed"], 0), s * carry["failed_p"])

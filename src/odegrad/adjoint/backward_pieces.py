@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._solution import Result
+from .._solution import Result, SolveFailure
 from .._switches import time_switch_labels
 from .._warn import warn_user
 from .base import Problem
@@ -67,7 +67,7 @@ def report_backward_failure(name: str, max_steps: int, code, t) -> None:
         ),
     }.get(int(code[k]), f"failed ({Result(int(code[k])).name})")
     member = f" (batch member {k})" if code.size > 1 else ""
-    raise RuntimeError(
+    raise SolveFailure(
         f"og.{name}: the backward (adjoint) solve {why} at t={float(t[k]):.6g}{member}, so the "
         "gradient is nan. Raise max_steps=, loosen the adjoint's step, or use og.Discrete()."
     )

@@ -166,13 +166,13 @@ def save_path(problem, f, vjp, source, solver, adaptive: bool, a) -> SavePath:
     t = tuning()
     ts = problem.plan.ts
     # explicit Runge-Kutta methods only, where the columns decouple. The implicit ones
-    # (ESDIRK) have a tableau too, but as a ColumnSolver's inner step they ran one Newton
-    # solve on all the columns stacked ((columns + 1) x the state's size) with a fresh
-    # Jacobian every step (none kept), and their saves' stiff transients, which each save brings
-    # in either way, shared one budget of max_steps for the whole span, not one per interval:
-    # Van der Pol (mu = 1000, rtol 1e-8, 10 saves) with Kvaerno3 needs ~3,500 backward steps
-    # after each save (35,880 in all against the forward's 456) and ran out at 8,192; stopping
-    # at each save, each interval takes its ~3,500 within its own budget.
+    # (ESDIRK, Rosenbrock) have a tableau too, but as a ColumnSolver's inner step they ran one
+    # Newton (or linear) solve on all the columns stacked ((columns + 1) x the state's size)
+    # with a fresh Jacobian every step (none kept), and their saves' stiff transients, which
+    # each save brings in either way, shared one budget of max_steps for the whole span, not
+    # one per interval: Van der Pol (mu = 1000, rtol 1e-8, 10 saves) with Kvaerno3 needs
+    # ~3,500 backward steps after each save (35,880 in all against the forward's 456) and ran
+    # out at 8,192; stopping at each save, each interval takes its ~3,500 within its own budget.
     explicit = getattr(solver, "tableau", None) is not None and not getattr(
         solver, "implicit", False
     )

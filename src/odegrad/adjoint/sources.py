@@ -30,7 +30,7 @@ from .._batching import any_member, max_member, member_cond
 from .._loop import LoopOutput, dense_evaluate
 from .._recorders import StepRecord
 from .._saving import SavePlan, saves_in_step
-from .._solution import host_check
+from .._solution import SolveFailure, host_check
 from .._step import Adaptive
 from .._tree import rms_error_ratio, tree_all_finite, tree_scale, tree_set_row
 from .._tuning import tuning
@@ -53,7 +53,7 @@ def _report_drift(on_drift: str, drift) -> None:
             "Use adjoint=og.Interpolating() (or og.Discrete())."
         )
         if on_drift == "raise":
-            raise RuntimeError(msg)
+            raise SolveFailure(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
 
 
