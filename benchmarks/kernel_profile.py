@@ -6,6 +6,7 @@ thunks, or the GPU's kernels), with each kind's count and the bytes a pass over 
     python benchmarks/kernel_profile.py 160 float64 adaptive grad
     python benchmarks/kernel_profile.py 256 float32 fixed grad --top 25
     python benchmarks/kernel_profile.py 16 float64 adaptive grad --tol 1e-6 --adjoint interpolating
+    python benchmarks/kernel_profile.py 160 float64 fixed grad --padded   # laplacian(pad=True)
 
 A kind is a kernel's name without its numeric suffix (``multiply_add_fusion.12`` and
 ``loop_multiply_add_fusion_3`` count under ``multiply_add_fusion``); containers (``while``,
@@ -88,6 +89,11 @@ def main(argv=None):
         choices=list(_ADJOINTS),
         help="the gradient's adjoint (default og.Auto(); seed 001's example: interpolating)",
     )
+    ap.add_argument(
+        "--padded",
+        action="store_true",
+        help="the rhs as lam * Ci * laplacian(T, h, pad=True) instead of the seed's set_inner form",
+    )
     a = ap.parse_args(argv)
     if a.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
@@ -95,8 +101,10 @@ def main(argv=None):
     step = og.Adaptive(rtol=a.tol, atol=a.tol) if a.steps == "adaptive" else og.Fixed(p.t1 / 4)
     adjoint = _ADJOINTS[a.adjoint]()
 
+    rhs = p.rhs_padded if a.padded else p.rhs
+
     def forward(T0, pars):
-        sol = og.solve(p.rhs, T0, (0.0, p.t1), pars, solver=og.ROCK2(), step=step, adjoint=adjoint)
+        sol = og.solve(rhs, T0, (0.0, p.t1), pars, solver=og.ROCK2(), step=step, adjoint=adjoint)
         return sol.ys[-1]
 
     def loss(T0, pars):

@@ -39,6 +39,13 @@ class Diffusion3D:
         lap = st.d2_xi(T) / dx**2 + st.d2_yi(T) / dy**2 + st.d2_zi(T) / dz**2
         return st.set_inner(jnp.zeros_like(T), lam * st.inn(Ci) * lap)
 
+    def rhs_padded(self, t, T, args):
+        """:meth:`rhs` as one operator, ``lam * Ci * laplacian(T, h, pad=True)``: the same values
+        (to rounding: ``lam * Ci`` multiplies all cells), in a kernel XLA:CPU vectorises (see
+        :func:`odegrad.stencil.laplacian`)."""
+        lam, Ci = args
+        return lam * Ci * st.laplacian(T, self.spacing, pad=True)
+
     def sharded_rhs(
         self,
         mesh: jax.sharding.Mesh,
