@@ -406,6 +406,19 @@ def test_adjoint_backward_solver_or_step_that_cannot_work():
         grad(og.Quadrature(step=og.StepTo(jnp.linspace(0.0, 1.0, 3))))
 
 
+def test_continuous_adjoint_arguments():
+    """``Interpolating(3)`` is three checkpoints (as ``Discrete(3)``), not ``vjp=3``, which a
+    forward solve never calls: a non-callable vjp or a step control that is not one fails
+    when the adjoint is made, not inside ``jax.grad``."""
+    assert og.Interpolating(3).checkpoints == 3 and og.Quadrature(2).checkpoints == 2
+    with pytest.raises(TypeError, match=r"^Interpolating\(vjp=3\): vjp is a function"):
+        og.Interpolating(vjp=3)
+    with pytest.raises(TypeError, match=r"^Backsolve\(step=0.1\): the backward step control"):
+        og.Backsolve(step=0.1)
+    with pytest.raises(ValueError, match=r"^Backsolve\(on_drift=3\)"):
+        og.Backsolve(3)
+
+
 @pytest.mark.parametrize("solver", [og.SemiImplicitEuler(), og.Leapfrog()])
 def test_partitioned_solver_given_single_f(solver):
     with raises(TypeError, f"solver={solver!r} is partitioned", "f=(f_u, f_v)", "y0=(u0, v0)"):

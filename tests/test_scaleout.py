@@ -276,6 +276,42 @@ def case_ensemble() -> dict:
     }
 
 
+def case_explicit_times() -> dict:
+    """A state sharded over a mesh with Explicit axes (``jax.make_mesh``'s default) with the
+    save times or ``t1`` traced (made inside ``jax.jit``, or differentiated): the solve equals
+    the unsharded one; ``jax.grad`` without ``jax.jit`` says to add it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import odegrad as og
+
+    f = lambda t, y, a: a * (jnp.roll(y, 1) - 2 * y + jnp.roll(y, -1))
+    y0 = jnp.sin(jnp.linspace(0, 2 * np.pi, 64, endpoint=False)) + 1.0
+    mesh = jax.make_mesh((4,), ("x",))
+    ys = jax.device_put(y0, NamedSharding(mesh, P("x")))
+
+    def saves(y):
+        return og.solve(f, y, (0.0, 0.1), 2.0, saveat=og.SaveAt(ts=jnp.array([0.05, 0.1]))).ys
+
+    def end(T, y):
+        return og.solve(f, y, (0.0, T), 2.0).ys.sum()
+
+    d_end = jax.jit(jax.grad(end, argnums=(0, 1)))
+    out = {
+        "saves": _rel(jax.jit(saves)(ys), saves(y0)),
+        "d_end": max(_rel(a, b) for a, b in zip(d_end(0.1, ys), d_end(0.1, y0), strict=True)),
+    }
+    try:
+        jax.grad(end, argnums=1)(0.1, ys)
+        out["eager_grad"] = "no error"
+    except ValueError as e:
+        out["eager_grad"] = str(e)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------
 # the tests
 # ------------------------------------------------------------------------------------------------
@@ -320,6 +356,12 @@ def test_every_adjoint_keeps_sharding():
     for name, v in r.items():
         assert v["rel"] < 1e-10, (name, v)
         assert v["specs"] == [["x", None], ["x", None]], (name, v)
+
+
+def test_explicit_mesh_with_traced_times():
+    r = run_case("explicit_times", 4)
+    assert r["saves"] < 1e-14 and r["d_end"] < 1e-12, r
+    assert "put jax.jit around the transformation" in r["eager_grad"], r
 
 
 def test_ensemble_over_devices():

@@ -82,12 +82,23 @@ def on_auto_axes(fn, mesh, y0, *rest):
         out_tree[:] = [tree]
         return tuple(out)
 
-    with jax.sharding.use_abstract_mesh(mesh):
-        shapes = jax.eval_shape(
-            jax.sharding.auto_axes(flat, out_sharding=PartitionSpec()), y0, arrays
-        )
-        out_specs = tuple(_out_specs(list(shapes), y0))
-        out = jax.sharding.auto_axes(flat, out_sharding=out_specs)(y0, arrays)
+    try:
+        with jax.sharding.use_abstract_mesh(mesh):
+            shapes = jax.eval_shape(
+                jax.sharding.auto_axes(flat, out_sharding=PartitionSpec()), y0, arrays
+            )
+            out_specs = tuple(_out_specs(list(shapes), y0))
+            out = jax.sharding.auto_axes(flat, out_sharding=out_specs)(y0, arrays)
+    except ValueError as e:
+        if "AbstractMesh" not in str(e):
+            raise
+        # a transformation run op by op (jax.grad, jax.jvp without jax.jit) cannot execute on
+        # the mesh's abstract form, which is all an Explicit-typed tracer carries
+        raise ValueError(
+            "og.solve: y0 or args are sharded over a mesh with Explicit axes and the solve is "
+            "transformed without jax.jit (e.g. jax.grad(loss)(y0)); put jax.jit around the "
+            "transformation: jax.jit(jax.grad(loss))(y0)."
+        ) from e
     return jax.tree.unflatten(out_tree[0], out)
 
 

@@ -117,6 +117,10 @@ def solve(
     options.update(throw=throw, events=events, max_events=max_events)
     if isinstance(t_span, jax.Array | np.ndarray) and jnp.shape(t_span) == (2,):
         t_span = (t_span[0], t_span[1])  # an array [t0, t1], as scipy's solve_ivp takes
+    mesh = explicit_mesh((y0, args, t_span))
+    if mesh is not None:  # sharded over a mesh with Explicit axes: see _scaleout.py
+        run = lambda y, a, ts: solve(f, y, ts, a, progress=progress, **options)
+        return on_auto_axes(run, mesh, y0, args, t_span)
     if differentiated((t_span, getattr(saveat, "ts", None))) or may_differentiate_times(
         t_span, saveat, options
     ):
@@ -131,10 +135,6 @@ def solve(
 
 def _solve_at_times(f, y0, t_span, args, *, progress=False, **options) -> Solution:
     """:func:`solve` with the times held constant."""
-    mesh = explicit_mesh((y0, args, t_span))
-    if mesh is not None:  # sharded over a mesh with Explicit axes: see _scaleout.py
-        run = lambda y, a, ts: _solve_at_times(f, y, ts, a, progress=progress, **options)
-        return on_auto_axes(run, mesh, y0, args, t_span)
     # an eager call: compiled once per configuration (see _eager.py)
     if not progress and is_eager(y0, args, t_span):
         if options["throw"]:  # the traced path skips this check: run it on the concrete state here

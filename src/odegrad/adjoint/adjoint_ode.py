@@ -29,7 +29,7 @@ Lyons, "Hey, that's not an ODE", ICML 2021).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -95,11 +95,26 @@ class _Seminorm:
 class _Continuous(AbstractAdjoint):
     """The shared mechanism of the continuous adjoints; see the module docstring."""
 
-    vjp: Callable | None = None
-    solver: Any = None
-    step: AbstractStep | None = None
+    # keyword-only, so that a subclass's first field is its first positional argument
+    # (Interpolating(3) is checkpoints=3, as Discrete(3) is)
+    vjp: Callable | None = field(default=None, kw_only=True)
+    solver: Any = field(default=None, kw_only=True)
+    step: AbstractStep | None = field(default=None, kw_only=True)
 
     quadrature = False  # dL/dp by quadrature on each backward step instead of as a state
+
+    def __post_init__(self):
+        name = type(self).__name__
+        if self.vjp is not None and not callable(self.vjp):
+            raise TypeError(
+                f"{name}(vjp={self.vjp!r}): vjp is a function "
+                "vjp(t, y, args, cotangent) -> (ct_y, ct_args), or None for jax.vjp of f."
+            )
+        if self.step is not None and not isinstance(self.step, AbstractStep):
+            raise TypeError(
+                f"{name}(step={self.step!r}): the backward step control is an og.Adaptive(...) "
+                "or og.Fixed(dt) instance, or None for the forward one."
+            )
 
     @property
     def source(self) -> StateSource:

@@ -155,6 +155,7 @@ class Interpolating(_Continuous):
         return super().run(problem)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.checkpoints is not None and not (
             isinstance(self.checkpoints, int) and self.checkpoints >= 1
         ):
@@ -204,6 +205,7 @@ class Backsolve(_Continuous):
     on_drift: str = "raise"
 
     def __post_init__(self):
+        super().__post_init__()
         if self.on_drift not in ("raise", "warn"):
             raise ValueError(f"Backsolve(on_drift={self.on_drift!r}): use 'raise' or 'warn'.")
 
