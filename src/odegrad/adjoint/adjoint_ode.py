@@ -35,7 +35,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from .._batching import any_member, max_member, member_cond
@@ -45,7 +44,6 @@ from .._saving import SavePlan
 from .._solution import Result, host_check
 from .._step import AbstractStep, Adaptive, Fixed, jump_times
 from .._tree import (
-    tightest_tolerance,
     tree_add,
     tree_all_finite,
     tree_scale,
@@ -54,6 +52,7 @@ from .._tree import (
     tree_zeros_like,
 )
 from .backward_pieces import report_backward_failure, unknown_resume, vjps, warn_unseen_switches
+from .backward_times import Seminorm, backward_control, breakpoints, gauss_legendre
 from .base import (
     AbstractAdjoint,
     CustomRule,
@@ -66,29 +65,6 @@ from .base import (
 from .columns import ColumnSolver, PropagatorSolver, save_columns, save_path
 from .interval_ends import IntervalEnds
 from .sources import Pass, StateSource
-
-
-def gauss_legendre(n: int):
-    """Nodes and weights of ``n``-point Gauss–Legendre quadrature on ``[0, 1]`` (exact to degree
-    ``2n - 1``; numpy's ``leggauss`` mapped from ``[-1, 1]``)."""
-    x, w = np.polynomial.legendre.leggauss(n)
-    # Python floats, which JAX treats as weakly typed: numpy's float64 scalars would promote a
-    # float32 solve to float64 under jax_enable_x64
-    return tuple(float(v) for v in 0.5 * (x + 1)), tuple(float(v) for v in 0.5 * w)
-
-
-@dataclass(frozen=True)
-class _Seminorm:
-    """An :class:`~odegrad.Adaptive` controller whose error norm sees only the adjoint part."""
-
-    base: Adaptive
-    pick: Callable
-
-    def __getattr__(self, name):
-        return getattr(self.base, name)
-
-    def error_ratio(self, err, y0, y1):
-        return self.base.error_ratio(self.pick(err), self.pick(y0), self.pick(y1))
 
 
 @dataclass(frozen=True)
@@ -129,7 +105,7 @@ class _Continuous(AbstractAdjoint):
                 "solvers use the default jax.vjp."
             )
         solver_b, control = self._backward_solver(problem)
-        if isinstance(control, Adaptive | _Seminorm) and not solver_b.adaptive:
+        if isinstance(control, Adaptive | Seminorm) and not solver_b.adaptive:
             raise ValueError(
                 f"{type(self).__name__}() would integrate the adjoint with {solver_b!r} and "
                 "adaptive steps (step=og.Adaptive(...)), which need an error estimate that "
@@ -211,8 +187,8 @@ class _Continuous(AbstractAdjoint):
         if solver_b.partitioned:  # the backward state is not a (u, v) pair
             solver_b = _default_explicit()
         solver_b = solver_b.with_user_args(None)  # user callbacks describe the forward system
-        control = self._backward_control(problem)
-        if isinstance(control, Adaptive | _Seminorm) and hasattr(solver_b, "with_tolerances"):
+        control = backward_control(type(self).__name__, self.step, problem)
+        if isinstance(control, Adaptive | Seminorm) and hasattr(solver_b, "with_tolerances"):
             solver_b = solver_b.with_tolerances(control.rtol, control.atol)
         return solver_b, control
 
@@ -223,7 +199,7 @@ class _Continuous(AbstractAdjoint):
             return ""
         f, vjp, *_ = self._rhs_and_vjp(problem)
         solver_b, control = self._backward_solver(problem)
-        adaptive = isinstance(control, Adaptive | _Seminorm)
+        adaptive = isinstance(control, Adaptive | Seminorm)
         path = save_path(problem, f, vjp, self.source, solver_b, adaptive, problem.y0)
         n, size = ts.shape[0], tree_size(problem.y0)
         if not (path.propagator or path.columns):
@@ -244,10 +220,10 @@ class _Continuous(AbstractAdjoint):
         f, vjp = pointwise[:2]
         solver_b, control = self._backward_solver(problem)
         # the saves ride in the backward steps (columns.py) or stop the backward solve
-        adaptive = adaptive_loop = isinstance(control, Adaptive | _Seminorm)
+        adaptive = adaptive_loop = isinstance(control, Adaptive | Seminorm)
         path = save_path(problem, f, vjp, src, solver_b, adaptive, ct.y1)
         propagator, columns = path.propagator, path.columns
-        points, labels, count = self._breakpoints(problem, keep, with_ts=not columns)
+        points, labels, count = breakpoints(problem, keep, with_ts=not columns)
         tdtype = points.dtype
         y_at = partial(src.y, problem, keep)
         saves, g0 = None, tree_zeros_like(args_diff)
@@ -435,7 +411,7 @@ class _Continuous(AbstractAdjoint):
                     )
                 # the column step computes its quadrature: its "dense output" is that sum
                 acc = (lambda t, dt, dense, a: dense) if g_by_steps else None
-            adaptive = isinstance(control, Adaptive | _Seminorm)
+            adaptive = isinstance(control, Adaptive | Seminorm)
             # Each backward step ends on the forward steps under it. The error norm leaves
             # dL/dp out (a seminorm), so a step sized for the adjoint alone integrates
             # a^T df/dp(y) across y's fast changes unseen (on y' = A y with a -30 mode,
@@ -540,7 +516,7 @@ class _Continuous(AbstractAdjoint):
         carry = {"a": ct.y1, "g": g0, "st": None}
         # (adaptive steps only: without rejections nothing refreshes an estimate that went
         # stale, and fixed steps with too few stages diverge; those re-estimate per interval)
-        if not columns and isinstance(control, Adaptive | _Seminorm):
+        if not columns and isinstance(control, Adaptive | Seminorm):
             # what each interval's backward solve leaves of its solver's state for the next
             # (a stabilised solver's spectral-radius estimate, init_from), not a fresh init:
             # seed 001's own gradient (ROCK2, 465 intervals) made 20 power-iteration JVPs each
@@ -548,7 +524,7 @@ class _Continuous(AbstractAdjoint):
             carry["st"] = unknown_resume(
                 solver_b, z_like if g_by_steps else {**z_like, "g": g0}, args_diff, tdtype
             )
-        if isinstance(control, Adaptive | _Seminorm):
+        if isinstance(control, Adaptive | Seminorm):
             # each interval's backward solve starts with the step size the one before it ended
             # with, not a fresh pick (one evaluation of f, and often a step too small): on the
             # neural ODE as one (256, 2) state, 100 saves, ~20 % of the backward pass
@@ -576,73 +552,6 @@ class _Continuous(AbstractAdjoint):
     def _nodes(solver) -> int:
         """Gauss–Legendre nodes per backward step: exact to the solver's order."""
         return max(1, -(-(solver.order + 1) // 2))
-
-    # -- pieces the subclasses change --------------------------------------------------------------
-    def _breakpoints(self, problem: Problem, keep, with_ts: bool = True):
-        """Times where the backward solve stops (ascending forward time), the save index at each
-        (-1: none), and how many there are."""
-        plan = problem.plan
-        if problem.grid is not None:
-            base = problem.grid
-            lab = (jnp.arange(base.shape[0]) - 1) if plan.steps else jnp.full(base.shape, -1)
-        elif plan.steps or not isinstance(problem.control, Adaptive):
-            # every recorded step end (a runtime fixed grid, or saves at every step)
-            base = keep["starts"]
-            lab = jnp.arange(base.shape[0]) - 1 if plan.steps else jnp.full(base.shape, -1)
-        else:
-            base = jnp.stack([problem.tau0, keep["t1"]])
-            lab = jnp.array([-1, -1])
-        pieces = [(base, lab)]
-        if plan.ts is not None and with_ts:
-            pieces.append((plan.ts, jnp.arange(plan.ts.shape[0])))
-        if problem.events is not None:  # last: at an equal time the jump comes first, backwards
-            log = keep["events"]
-            tau = jnp.where(jnp.isfinite(log.ts), problem.direction * log.ts, jnp.inf)
-            pieces.append((tau, -2 - jnp.arange(log.ts.shape[0])))
-        padded = problem.grid is None and (plan.steps or not isinstance(problem.control, Adaptive))
-        padded = padded or problem.events is not None
-        if len(pieces) == 1 and not padded:
-            return base, lab, base.shape[0]
-        if padded:
-            # padded step buffer: push the unused (inf) entries to the end
-            n = keep["n"] + 1
-            base = jnp.where(jnp.arange(base.shape[0]) < n, base, jnp.inf)
-        pts = jnp.concatenate([p for p, _ in pieces])
-        labs = jnp.concatenate([lb for _, lb in pieces])
-        order = jnp.argsort(pts, stable=True)
-        count = pts.shape[0]
-        if padded:
-            count = jnp.sum(jnp.isfinite(pts))
-        # nothing past where the solve stopped (a terminal event, a failure): the adjoint
-        # starts there, and the saves after it (inf rows) take no part
-        pts, labs = pts[order], labs[order]
-        past = pts > keep["t1"]
-        return jnp.where(past, keep["t1"], pts), jnp.where(past, -1, labs), count
-
-    def _backward_control(self, problem: Problem):
-        base = self.step
-        if base is not None and not isinstance(base, Adaptive | Fixed):
-            raise ValueError(
-                f"{type(self).__name__}(step={base!r}): the backward solve takes og.Adaptive(...) "
-                "or og.Fixed(dt) steps between the times where it stops (saves, forward steps); "
-                "leave step=None to follow the forward solve."
-            )
-        if base is None:
-            base = problem.control if problem.grid is None else "grid"
-        if isinstance(base, RuntimeGrid):  # fixed steps: one backward step per forward step
-            base = "grid"
-        if isinstance(base, Adaptive):
-            # f jumps there backwards too, and steps land there; the loop's time is tau
-            for name in ("jump_ts", "step_ts"):
-                ts = getattr(base, name)
-                ts = getattr(problem.control, name, None) if ts is None else ts
-                if ts is not None:
-                    base = replace(base, **{name: problem.direction * jnp.asarray(ts)})
-            # tolerances per entry are the state's; the adjoint state has its own scale
-            tol = {k: tightest_tolerance(getattr(base, k)) for k in ("rtol", "atol")}
-            base = replace(base, **tol)
-            return _Seminorm(base, lambda z: {k: v for k, v in z.items() if k != "g"})
-        return base
 
 
 def _default_explicit():
