@@ -126,11 +126,11 @@ def failure_locator(problem, out, y_start, t0):
     only into the error's branch, takes the loop's output (its saved rows locate a non-finite
     value), ``y0`` as the loop left it, ``f(t0, y0, args)`` (one evaluation of ``f``), the
     array leaves of ``args`` and the arrays ``f`` closes over. ``locate`` finds on the host,
-    member by member, where the solve failed (:func:`~odegrad._loop.locate_failure` on NumPy
+    member by member, where the solve failed (:func:`~odegrad._failure.locate_failure` on NumPy
     arrays) and whether ``y0`` or ``f(t0, y0, args)`` is at fault (:func:`_locate_on_host`):
     the reductions that takes would cost XLA:CPU ~30 ms of compile time each in the program,
     in a branch that a successful solve never runs."""
-    from ._loop import AT_STEP, locate_failure
+    from ._failure import AT_STEP, locate_failure
 
     # only what locating needs: the branch's operands are computed and kept on every call,
     # also where nothing else reads them (the rejected-step and evaluation counts, rows)
@@ -221,7 +221,7 @@ def describe(problem, y0_user: PyTree, args_user: PyTree, saves_fn: bool = False
     """``describe(code, info)`` for :func:`~odegrad._solution.check_result`: the error's body for
     ``Result.nonfinite_y0`` and ``Result.nonfinite_f0`` from :func:`failure_locator`'s ``info``
     (one member's), and for ``Result.nonfinite`` where the loop ran on past it (``info``'s
-    ``how``, :func:`~odegrad._loop.locate_failure`); ``None`` for other codes. Names and
+    ``how``, :func:`~odegrad._failure.locate_failure`); ``None`` for other codes. Names and
     shapes are fixed here, at trace time. ``saves_fn``: the saves are ``SaveAt(fn)``'s, which
     may be what is not finite."""
     y_paths = leaf_paths(y0_user)
@@ -265,7 +265,8 @@ def describe(problem, y0_user: PyTree, args_user: PyTree, saves_fn: bool = False
             return f"{what} became non-finite (inf/nan); check f, fn and the initial state"
         return None
 
-    from ._loop import AT_END, AT_SAVE, RuntimeGrid
+    from ._failure import AT_END, AT_SAVE
+    from ._loop import RuntimeGrid
     from .solvers.implicit import _ESDIRK
 
     fixed_steps = isinstance(problem.control, RuntimeGrid)

@@ -38,7 +38,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._batching import any_member, max_member, member_cond
-from .._loop import LoopOutput, RuntimeGrid, locate_failure, while_loop
+from .._failure import locate_failure
+from .._loop import LoopOutput, RuntimeGrid, while_loop
 from .._recorders import Accumulate
 from .._saving import SavePlan
 from .._solution import Result, host_check
