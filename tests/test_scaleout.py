@@ -276,10 +276,12 @@ def case_ensemble() -> dict:
     }
 
 
-def case_explicit_times() -> dict:
-    """A state sharded over a mesh with Explicit axes (``jax.make_mesh``'s default) with the
-    save times or ``t1`` traced (made inside ``jax.jit``, or differentiated): the solve equals
-    the unsharded one; ``jax.grad`` without ``jax.jit`` says to add it."""
+def case_sharding_types() -> dict:
+    """What sharding adds to the types: a state sharded over a mesh with Explicit axes
+    (``jax.make_mesh``'s default) with the save times or ``t1`` traced (made inside
+    ``jax.jit``, or differentiated) solves as unsharded, and ``jax.grad`` without ``jax.jit``
+    says to add it; ``laplacian(pad=True)`` inside ``jax.shard_map`` keeps the varying manual
+    axes its gradient's types need."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -309,6 +311,14 @@ def case_explicit_times() -> dict:
         out["eager_grad"] = "no error"
     except ValueError as e:
         out["eager_grad"] = str(e)
+
+    auto = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    A = jnp.asarray(np.random.default_rng(0).standard_normal((12, 5, 4)))
+    lap = lambda X: X + og.stencil.laplacian(X, (0.5, 0.25, 2.0), pad=True)
+    blocks = jax.jit(jax.shard_map(lap, mesh=auto, in_specs=P("x"), out_specs=P("x")))
+    g = jax.grad(lambda X: jnp.sum(blocks(X) ** 2))(A)
+    ref = jax.grad(lambda X: sum(jnp.sum(lap(X[i : i + 3]) ** 2) for i in range(0, 12, 3)))(A)
+    out["shard_map_grad"] = _rel(g, ref)
     return out
 
 
@@ -358,10 +368,11 @@ def test_every_adjoint_keeps_sharding():
         assert v["specs"] == [["x", None], ["x", None]], (name, v)
 
 
-def test_explicit_mesh_with_traced_times():
-    r = run_case("explicit_times", 4)
+def test_sharding_types():
+    r = run_case("sharding_types", 4)
     assert r["saves"] < 1e-14 and r["d_end"] < 1e-12, r
     assert "put jax.jit around the transformation" in r["eager_grad"], r
+    assert r["shard_map_grad"] < 1e-14, r
 
 
 def test_ensemble_over_devices():

@@ -152,6 +152,7 @@ def test_laplacian(nd):
 def test_padded_laplacian_is_set_inner_of_laplacian(shape):
     # pad=True runs its own primitives (merged last axes, a transpose of its own): the values
     # and tangents of the composition it replaces to the last bit, its cotangents to rounding
+    # (jitted, XLA may contract the two programs differently: spacings of powers of two here)
     A = jnp.asarray(rand(shape, seed=6))
     dA = jnp.asarray(rand(shape, seed=7))
     h = (0.5, 0.25, 2.0)[: len(shape)]
@@ -189,6 +190,27 @@ def test_padded_laplacian_is_set_inner_of_laplacian(shape):
     np.testing.assert_allclose(dh, want, rtol=1e-13)
     with pytest.raises(ValueError, match=r"^laplacian: needs at least 3 points along axis 0"):
         st.laplacian(jnp.ones((2, *shape[1:])), h, pad=True)
+
+
+def test_padded_laplacian_types_and_symbolic_shapes():
+    # eager and jitted calls type the result alike (a weak input stays weak), and a shape that
+    # jax.export leaves symbolic takes the composed form (the merged axis needs static sizes)
+    from jax._src.lax.lax import _convert_element_type  # (JAX has no public weak cast)
+
+    A = jnp.asarray(rand((4, 5, 6), seed=9))
+    weak = _convert_element_type(A, A.dtype, weak_type=True)
+    f32 = jnp.ones(A.shape, jnp.float32)
+    for X in (A, weak):
+        eager = st.laplacian(X, 0.5, pad=True)
+        jitted = jax.jit(lambda X: st.laplacian(X, 0.5, pad=True))(X)
+        assert eager.weak_type == jitted.weak_type == X.weak_type
+        assert (eager + f32).dtype == (jitted + f32).dtype
+    shape = jax.export.symbolic_shape("a, b, c", constraints=("a >= 3", "b >= 3", "c >= 3"))
+    exported = jax.export.export(jax.jit(lambda X: st.laplacian(X, 0.5, pad=True)))(
+        jax.ShapeDtypeStruct(shape, jnp.float64)
+    )
+    B = jnp.asarray(rand((4, 5, 6), seed=10))
+    np.testing.assert_allclose(exported.call(B), st.laplacian(B, 0.5, pad=True), rtol=1e-15)
 
 
 def test_padded_laplacian_gradient_against_differences():

@@ -464,10 +464,12 @@ def laplacian(
 ) -> Array:
     """laplacian(A, h) = d2_xi(A)/h_x^2 + d2_yi(A)/h_y^2 + d2_zi(A)/h_z^2; shape (nx-2, ny-2, nz-2).
 
-    With ``pad=True`` the result has the shape of ``A``, zero on its boundary cells: the values
-    of ``set_inner(zeros_like(A), laplacian(A, h))``, bit for bit, computed in a kernel that
-    XLA:CPU vectorises, forward and reverse (2x faster at 160^3; see
-    :mod:`odegrad.stencil.padded`). Prefer it for a right-hand side of that form.
+    With ``pad=True`` the result has the shape of ``A``, zero on its boundary cells:
+    ``jnp.pad(laplacian(A, h), 1)``, the values of ``set_inner(zeros_like(A), laplacian(A,
+    h))`` (to rounding under ``jax.jit``, where XLA may contract either differently; without
+    ``set_inner``'s cast to ``A.dtype``), computed in a kernel that XLA:CPU vectorises, forward
+    and reverse (2.7x faster at 160^3 in float64; see :mod:`odegrad.stencil.padded`). Prefer
+    it for a right-hand side of that form.
 
     Example:
         >>> dT = lam * Ci * st.laplacian(T, (dx, dy, dz), pad=True)  # seed 001's rhs
@@ -487,7 +489,8 @@ def laplacian(
         raise ValueError(
             f"laplacian: spacing has {len(hs)} entries but the array has ndim={A.ndim}"
         )
-    if pad and A.ndim > 1:
+    # (symbolic shapes, as jax.export takes, cannot size the merged axis's slices)
+    if pad and A.ndim > 1 and not any(not isinstance(n, int) for n in A.shape):
         for axis in range(A.ndim):
             _at_least("laplacian", A, axis, 3)
         terms = [masked_d2(A, a) / hs[a] ** 2 for a in range(A.ndim)]

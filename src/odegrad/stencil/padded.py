@@ -67,11 +67,11 @@ def _views(X, lead: int, outer: tuple[int, ...], n2: int, n1: int, axis: int, nd
     return view(-1), view(0), view(1)
 
 
-def _inside(shape: tuple[int, ...], dim: int, offset: int, n: int):
-    """Whether cell ``index + offset`` along ``dim`` of an array of ``shape`` lies in
-    ``[1, n - 1)``, ``n`` the axis's full extent."""
-    i = lax.broadcasted_iota(jnp.int32, shape, dim) + offset
-    return (i >= 1) & (i < n - 1)
+def _inner_last(x, n1: int):
+    """``x`` with its entries at index 0 and ``n1 - 1`` along the last axis made zero (dtype and
+    weak type kept)."""
+    k = lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.where((k >= 1) & (k < n1 - 1), x, 0)
 
 
 def _masked_d2_impl(A, *, axis: int, nd: int):
@@ -79,7 +79,7 @@ def _masked_d2_impl(A, *, axis: int, nd: int):
     X = A.reshape(*lead, *outer, n2 * n1)
     m, c, p = _views(X, len(lead), outer, n2, n1, axis, nd)
     d2 = (p - c) - (c - m)
-    d2 = jnp.where(_inside(d2.shape, d2.ndim - 1, 0, n1), d2, jnp.zeros((), d2.dtype))
+    d2 = _inner_last(d2, n1)
     return jnp.pad(d2, [(0, 0)] * len(lead) + [(1, 1)] * (nd - 1) + [(0, 0)])
 
 
@@ -87,11 +87,12 @@ def _masked_d2_transpose_impl(C, *, axis: int, nd: int):
     # L^T C = D^T Z with Z = P C: the second difference of Z, extended by zero, at every cell
     lead, outer, n2, n1 = _layout(C.shape, nd)
     inner = C[(Ellipsis, *(slice(1, -1) for _ in range(nd - 1)), slice(None))]
-    Z = jnp.where(_inside(inner.shape, inner.ndim - 1, 0, n1), inner, jnp.zeros((), C.dtype))
-    # a zero plane beyond each face along the outer axes (along the last, the merged rows
-    # wrap onto boundary cells, where Z is zero already), materialised: fused into the views
-    # below, a pad's bounds check would sit in front of every load. (In a gradient, XLA fuses
-    # this pass with the kernel that makes C.)
+    Z = _inner_last(inner, n1)  # Z = P C without its boundary planes along the outer axes
+    # two zero planes on each side of every outer axis: Z's boundary plane, and one beyond it
+    # for the neighbours of the boundary cells (along the last axis, the merged rows wrap onto
+    # boundary cells, where Z is zero already); materialised: fused into the views below, a
+    # pad's bounds check would sit in front of every load. (In a gradient, XLA fuses this pass
+    # with the kernel that makes C.)
     Z = jnp.pad(Z, [(0, 0)] * len(lead) + [(2, 2)] * (nd - 1) + [(0, 0)])
     Z = lax.optimization_barrier(Z)
     padded = tuple(n + 2 for n in outer)
@@ -103,7 +104,8 @@ def _masked_d2_transpose_impl(C, *, axis: int, nd: int):
 def _primitive(name: str, impl) -> Primitive:
     p = Primitive(name)
     p.def_impl(functools.partial(jax.jit, static_argnames=("axis", "nd"))(impl))
-    p.def_abstract_eval(lambda A, **_: jax.core.ShapedArray(A.shape, A.dtype, A.weak_type))
+    # the input's type as it is: shape, dtype, weak type, sharding, varying manual axes
+    p.def_abstract_eval(lambda A, **_: A)
     mlir.register_lowering(p, mlir.lower_fun(impl, multiple_results=False))
 
     def batch(args, dims, **params):
