@@ -40,11 +40,11 @@ for argv in (['examples/mixed_state_gpu.py', '--quick'], ['examples/diffusion3d.
 step 125 neural python3 benchmarks/neural_ode.py --batches "$BATCHES" --variants vmap,stacked \
     --stacked-batch "$STACK" --adjoints "${ADJOINTS:-auto,interpolating,backsolve}" --no-diffrax-backsolve \
     --rounds 5 --number 3 --budget 5 --compile-reps 1
-step 120 diffusion python3 benchmarks/diffusion3d.py --sizes "$N3" --no-diffrax --rounds 3
+step 120 diffusion python3 benchmarks/diffusion3d.py --sizes "$N3" --no-diffrax --no-padded --rounds 3
 step 70 profile bash -c "for a in 'fixed' 'adaptive' 'fixed grad'; do
     python3 benchmarks/kernel_profile.py $N3 float64 \$a --top 16; done"
-step 40 stage64 python3 benchmarks/stage_vjp.py "$NB" float64 --grad --rounds 5
-step 30 stage32 python3 benchmarks/stage_vjp.py "$NB" float32 --grad --rounds 5
+step 40 stage64 python3 benchmarks/stage_vjp.py "$NB" float64 --grad --rounds 5 --rhs seed
+step 30 stage32 python3 benchmarks/stage_vjp.py "$NB" float32 --grad --rounds 5 --rhs seed
 step 45 wave python3 benchmarks/wave_scan_parity.py --n "$WN" --steps "$WSTEPS" --rounds 3
 step 20 lv python3 benchmarks/lotka_volterra.py --quick --no-torch
 echo "log: $log"
