@@ -91,8 +91,8 @@ def _masked_d2_transpose_impl(C, *, axis: int, nd: int):
     # two zero planes on each side of every outer axis: Z's boundary plane, and one beyond it
     # for the neighbours of the boundary cells (along the last axis, the merged rows wrap onto
     # boundary cells, where Z is zero already); materialised: fused into the views below, a
-    # pad's bounds check would sit in front of every load. (In a gradient, XLA fuses this pass
-    # with the kernel that makes C.)
+    # pad's bounds check would sit in front of every load. (In a gradient, XLA may fuse this
+    # pass into the kernel that makes C.)
     Z = jnp.pad(Z, [(0, 0)] * len(lead) + [(2, 2)] * (nd - 1) + [(0, 0)])
     Z = lax.optimization_barrier(Z)
     padded = tuple(n + 2 for n in outer)
