@@ -393,7 +393,8 @@ def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
 def test_adjoint_backward_solver_or_step_that_cannot_work():
     """A continuous adjoint's own backward solver needs an error estimate when its steps are
     adaptive (the forward's ``og.Adaptive``), and its own ``step`` is ``og.Adaptive`` or
-    ``og.Fixed``: the others fail at trace time, naming the fix."""
+    ``og.Fixed`` (checked when the adjoint is made): the others fail before any solve runs,
+    naming the fix."""
     f = lambda t, y, a: -a * y
 
     def grad(adjoint):

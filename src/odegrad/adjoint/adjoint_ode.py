@@ -92,6 +92,12 @@ class _Continuous(AbstractAdjoint):
                 f"{name}(step={self.step!r}): the backward step control is an og.Adaptive(...) "
                 "or og.Fixed(dt) instance, or None for the forward one."
             )
+        if self.step is not None and not isinstance(self.step, Adaptive | Fixed):
+            raise ValueError(
+                f"{name}(step={self.step!r}): the backward solve takes og.Adaptive(...) "
+                "or og.Fixed(dt) steps between the times where it stops (saves, forward steps); "
+                "leave step=None to follow the forward solve."
+            )
 
     @property
     def source(self) -> StateSource:
@@ -188,7 +194,7 @@ class _Continuous(AbstractAdjoint):
         if solver_b.partitioned:  # the backward state is not a (u, v) pair
             solver_b = _default_explicit()
         solver_b = solver_b.with_user_args(None)  # user callbacks describe the forward system
-        control = backward_control(type(self).__name__, self.step, problem)
+        control = backward_control(self.step, problem)
         if isinstance(control, Adaptive | Seminorm) and hasattr(solver_b, "with_tolerances"):
             solver_b = solver_b.with_tolerances(control.rtol, control.atol)
         return solver_b, control

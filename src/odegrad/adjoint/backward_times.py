@@ -82,17 +82,12 @@ def breakpoints(problem: Problem, keep, with_ts: bool = True):
     return jnp.where(past, keep["t1"], pts), jnp.where(past, -1, labs), count
 
 
-def backward_control(name: str, step, problem: Problem):
-    """The backward solve's step control: ``step`` (an adjoint's own, or None to follow the
-    forward solve's), made to stop where the forward's ``f`` jumps and to measure the error of
-    the adjoint alone (:class:`Seminorm`), at the forward's tightest tolerance."""
+def backward_control(step: Adaptive | Fixed | None, problem: Problem):
+    """The backward solve's step control: ``step`` (an adjoint's own, checked when the adjoint
+    is made, or None to follow the forward solve's), made to stop where the forward's ``f``
+    jumps and to measure the error of the adjoint alone (:class:`Seminorm`), at the forward's
+    tightest tolerance."""
     base = step
-    if base is not None and not isinstance(base, Adaptive | Fixed):
-        raise ValueError(
-            f"{name}(step={base!r}): the backward solve takes og.Adaptive(...) "
-            "or og.Fixed(dt) steps between the times where it stops (saves, forward steps); "
-            "leave step=None to follow the forward solve."
-        )
     if base is None:
         base = problem.control if problem.grid is None else "grid"
     if isinstance(base, RuntimeGrid):  # fixed steps: one backward step per forward step

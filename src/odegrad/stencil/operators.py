@@ -489,8 +489,10 @@ def laplacian(
         raise ValueError(
             f"laplacian: spacing has {len(hs)} entries but the array has ndim={A.ndim}"
         )
-    # (symbolic shapes, as jax.export takes, cannot size the merged axis's slices)
-    if pad and A.ndim > 1 and not any(not isinstance(n, int) for n in A.shape):
+    # symbolic sizes (jax.export's) cannot size the merged axis's slices; (`all` is the
+    # ParallelStencil operator in this module)
+    symbolic = any(not isinstance(n, int) for n in A.shape)
+    if pad and A.ndim > 1 and not symbolic:
         for axis in range(A.ndim):
             _at_least("laplacian", A, axis, 3)
         terms = [masked_d2(A, a) / hs[a] ** 2 for a in range(A.ndim)]
