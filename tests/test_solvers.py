@@ -917,6 +917,8 @@ def test_tolerances_per_entry():
     per_entry = run(rtol=jnp.array([1e-6, 1e-6]), atol=np.array([1e-6, 1e-6]))
     np.testing.assert_array_equal(per_entry[0], same[0])
     assert per_entry[1] == same[1]
+    as_list = run(rtol=[1e-6, 1e-6], atol=(1e-6, jnp.asarray(1e-6)))  # scipy's array_like
+    np.testing.assert_array_equal(as_list[0], same[0])
     loose_fast = run(rtol=1e-6, atol=jnp.array([1e-6, 1e-2]))
     assert loose_fast[1] < same[1]
     assert abs(loose_fast[0][0] - exact[0]) < 1e-5
@@ -950,6 +952,7 @@ def test_tolerances_per_entry_gradients(adjoint):
     [
         (jnp.array([1e-3, 1e-8, 1e-3]), "shape \\(3,\\) does not broadcast"),
         ({"a": 1e-8}, "the state's structure"),
+        ([1e-3, 1e-8, 1e-3], "shape \\(3,\\) does not broadcast"),
         (np.array([1e-3, -1.0]), "non-negative"),
     ],
 )

@@ -190,12 +190,60 @@ def test_power_iteration_restarts_from_a_broken_vector_and_keeps_float32_in_rang
     f = lambda t, y, a: -d * y
     y = jnp.ones(50, jnp.float32)
     for v in (_start_vector(y), jnp.zeros_like(y), jnp.full_like(y, jnp.nan)):
-        rho, w = power_iteration(f, 0.0, y, None, v, 20)
+        rho, w, _ = power_iteration(f, 0.0, y, None, v, 20)
         assert np.isfinite(np.asarray(w)).all()
         np.testing.assert_allclose(float(rho), 2e15, rtol=0.05)
     u = np.asarray(_start_vector(jnp.zeros((7, 9), jnp.float64)))
     assert u.shape == (7, 9) and np.unique(u).size == u.size
     assert 0.7 < np.linalg.norm(u) < 1.3  # norm ~1: the first norm cannot overflow
+
+
+def test_power_iteration_stops_when_two_estimates_agree_as_rkc_f_does():
+    """With ``rtol`` the iteration stops after the first pair of products whose estimates
+    ``|J v| / |v|`` agree to ``rtol`` (``rkc.f``'s rule, checked every second product): the
+    count and the estimate equal a NumPy power iteration's with that rule. ``rtol = 0`` makes
+    every product asked for (odd counts too); a zero Jacobian stops at the first pair; under
+    vmap each member stops where it stops alone."""
+    from odegrad.solvers.stabilized import _start_vector, power_iteration
+
+    n = 40
+    a = (
+        np.diag(-2.0 * np.ones(n)) + np.diag(np.ones(n - 1), 1) + np.diag(np.ones(n - 1), -1)
+    ) * n**2
+    f = lambda t, y, p: jnp.asarray(a) @ y
+    y = jnp.zeros(n)
+    v0 = _start_vector(y)
+
+    def reference(v, iters, rtol):
+        v, estimates = np.asarray(v), []
+        while len(estimates) < iters:
+            w = a @ v
+            estimates.append(np.linalg.norm(w) / np.linalg.norm(v))
+            v = w / np.linalg.norm(w)
+            pair_done = len(estimates) % 2 == 0
+            if rtol and pair_done and abs(estimates[-1] - estimates[-2]) <= rtol * estimates[-1]:
+                break
+        return estimates[-1], len(estimates)
+
+    true = np.abs(np.linalg.eigvalsh(a)).max()
+    for iters, rtol in ((20, 0.01), (20, 0.05), (20, 0.0), (5, 0.0), (7, 0.01)):
+        rho, _, k = power_iteration(f, 0.0, y, None, v0, iters, rtol)
+        want, count = reference(v0, iters, rtol)
+        assert int(k) == count, (iters, rtol)
+        np.testing.assert_allclose(float(rho), want, rtol=1e-12)
+        assert 0.9 * true < float(rho) <= true
+    assert int(power_iteration(f, 0.0, y, None, v0, 20, 0.01)[2]) < 20  # it did stop early
+    zero = lambda t, y, p: 0.0 * y
+    rho, _, k = power_iteration(zero, 0.0, y, None, v0, 20, 0.01)
+    assert int(k) == 2 and float(rho) == 0.0
+    # members: the top eigenvector (agrees at once) and the hashed start; each as alone
+    top = jnp.asarray(np.linalg.eigh(a)[1][:, 0])
+    starts = jnp.stack([top, v0])
+    rho_b, _, k_b = jax.vmap(lambda v: power_iteration(f, 0.0, y, None, v, 20, 0.01))(starts)
+    for i in range(2):
+        rho_i, _, k_i = power_iteration(f, 0.0, y, None, starts[i], 20, 0.01)
+        assert int(k_b[i]) == int(k_i) and float(rho_b[i]) == float(rho_i)
+    assert int(k_b[0]) == 2 < int(k_b[1])
 
 
 @pytest.mark.slow  # 14-38 s on 2 cores: kept out of the default run's 15 minutes
@@ -244,7 +292,7 @@ def test_replays_refresh_after_the_rejections_the_forward_loop_refreshed_after(r
 def test_init_from_keeps_a_usable_estimate_and_starts_afresh_otherwise():
     """``init_from`` with a previous solve's ``resume_state``: ``f(t, y)`` evaluated afresh and
     the estimate kept (one evaluation, ``age`` at least 1 so that a rejection refreshes it);
-    with nan (nothing known) exactly ``init`` (``1 + init_power_iters`` evaluations); under
+    with nan (nothing known) exactly ``init`` (``f`` and the power iteration's products); under
     vmap per member. With a user's bound nothing is handed on."""
     f, _, x = heat(24)
     solver = og.ROCK2()
@@ -258,12 +306,14 @@ def test_init_from_keeps_a_usable_estimate_and_starts_afresh_otherwise():
     np.testing.assert_array_equal(got[2], prev[1])
     unknown = jax.tree.map(lambda a: jnp.full_like(a, jnp.nan), prev)
     got, n = solver.init_from(f, 0.1, y1, 1.3, unknown)
-    assert int(n) == 1 + solver.init_power_iters and float(got[3]) == 0.0
+    fresh_evals = int(solver.init_from(f, 0.1, y1, 1.3, None)[1])
+    assert 1 < fresh_evals <= 1 + solver.init_power_iters
+    assert int(n) == fresh_evals and float(got[3]) == 0.0
     for a, b in zip(got, fresh, strict=True):
         np.testing.assert_array_equal(a, b)
     stack = lambda *xs: jax.tree.map(lambda *leaves: jnp.stack(leaves), *xs)
     batched, n = jax.vmap(lambda p: solver.init_from(f, 0.1, y1, 1.3, p))(stack(prev, unknown))
-    assert list(np.asarray(n)) == [1, 1 + solver.init_power_iters]
+    assert list(np.asarray(n)) == [1, fresh_evals]
     assert float(batched[1][0]) == float(prev[0]) and float(batched[1][1]) == float(fresh[1])
     bounded = og.ROCK2(spectral_radius=lambda t, y, a: 4.0 * a / (1 / 25) ** 2)
     assert bounded.resume_state(bounded.init(f, 0.0, y0, 1.0)) is None

@@ -203,11 +203,47 @@ def test_stage_count_grows_like_sqrt(solver):
     y0 = smooth_y0(x)
     evals = []
     run = jax.jit(lambda dt: og.solve(f, y0, (0.0, 0.05), 1.0, solver=s, step=og.Fixed(dt)))
+    init_evals = int(s.init_from(f, 0.0, y0, 1.0, None)[1])  # f(t0, y0) and the power iteration
     for n in (64, 4):
         sol = run(0.05 / n)  # (one compile for both: a traced dt, counted at run time)
         refreshes = n // s.rho_every  # power-iteration refreshes of the spectral radius
-        evals.append((int(sol.stats["rhs_evals"]) - s.init_evals - refreshes * s.power_iters) / n)
+        evals.append((int(sol.stats["rhs_evals"]) - init_evals - refreshes * s.power_iters) / n)
     assert 2.5 < evals[1] / evals[0] < 5.5, evals
+
+
+@pytest.mark.parametrize(
+    "solver, how",
+    [
+        (og.ROCK2(), "adaptive, a jump and an event"),
+        (og.RKC(), "adaptive, a jump and an event"),
+        (og.ROCK2(), "fixed"),
+        (og.ROCK4(power_rtol=0.0), "fixed"),
+    ],
+)
+def test_rhs_evals_counts_every_evaluation_made(solver, how):
+    """``sol.stats["rhs_evals"]`` equals the evaluations of ``f`` that ran (a host callback
+    counts them; a JVP runs ``f`` once): the power iteration's products as many as it made
+    before it stopped, the initial step's two evaluations (the state is not ``f(y0)``), one per
+    restart past a jump (the estimate carries over) and a fresh start past an event."""
+    f, _, x = heat(16)
+    calls = []
+
+    def counted(t, y, a):
+        jax.debug.callback(lambda: calls.append(1))
+        return f(t, y, a) + jnp.where(t > 0.03, 1.0, 0.0)
+
+    y0 = smooth_y0(x)
+    if how == "fixed":
+        kw = dict(step=og.Fixed(0.01))
+    else:
+        kick = og.Event(lambda t, y, a: y[8] - 0.6, direction=-1, terminal=False,
+                        update=lambda t, y, a: 0.5 * y)  # fmt: skip
+        kw = dict(step=og.Adaptive(1e-5, 1e-7, jump_ts=[0.03]), events=kick)
+    sol = og.solve(counted, y0, (0.0, 0.1), 1.0, solver=solver, **kw)
+    jax.effects_barrier()
+    if how != "fixed":
+        assert int(sol.events.count) >= 1
+    assert int(sol.stats["rhs_evals"]) == len(calls) > 0
 
 
 def test_rock2_needs_3x_fewer_evaluations_than_tsit5():

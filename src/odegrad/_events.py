@@ -493,6 +493,7 @@ class StepEvents(NamedTuple):
     y_minus: Any
     y_plus: Any
     state: Any  # the solver's state restarted at (t*, y+)
+    evals: Any  # the right-hand-side evaluations the restart made
     values: Any  # every cond at the step's new end
 
 
@@ -561,7 +562,8 @@ def step_events(
         tau = jnp.where(theta >= 1, t_end, t + theta * h)
         t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args, s)
         terminal = events.is_terminal(which)
-        state = solver.init(events.held(f, s * tau, y_plus, args, s), s * tau, y_plus, args)
+        held = events.held(f, s * tau, y_plus, args, s)
+        state, evals = solver.init_from(held, s * tau, y_plus, args, None)
         # the event that fired restarts on cond = 0: it leaves with the sign of cond's rate
         # (times the step, as a scale for the next location), not a second firing at zero.
         # A cond that jumps through zero (rem(t, P) - d at t = P) or that an update moved off
@@ -571,22 +573,18 @@ def step_events(
         band = jnp.sqrt(jnp.finfo(values.dtype).eps)
         near = jnp.abs(values[which]) <= band * (jnp.abs(before[which]) + jnp.abs(after[which]))
         values = values.at[which].set(jnp.where(near, leaving.astype(values.dtype), values[which]))
-        return theta, which.astype(jnp.int32), terminal, tau, t_star, y_minus, y_plus, state, values
-
-    def quiet(_):
+        evals = jnp.asarray(evals, jnp.int32) + 1  # (and f in the rate of the event's cond)
         return (
-            jnp.ones_like(h),
-            jnp.asarray(0, jnp.int32),
-            jnp.asarray(False),
-            t_end,
-            s * t_end,
-            res.y1,
-            res.y1,
-            res.state,
-            after,
+            (theta, which.astype(jnp.int32), terminal, tau, t_star, y_minus, y_plus, state),
+            (evals, values),
         )
 
-    theta, which, terminal, tau, t_star, y_minus, y_plus, state, values = lax.cond(
+    def quiet(_):
+        zero = jnp.asarray(0, jnp.int32)
+        unchanged = (jnp.ones_like(h), zero, jnp.asarray(False), t_end, s * t_end)
+        return (*unchanged, res.y1, res.y1, res.state), (zero, after)
+
+    (theta, which, terminal, tau, t_star, y_minus, y_plus, state), (evals, values) = lax.cond(
         any_member(fired), located, quiet, None
     )
     which = which.astype(jnp.int32)
@@ -594,5 +592,16 @@ def step_events(
     fired = fired & ~overflow
     values = jnp.where(fired, values, after)
     return StepEvents(
-        fired, overflow, theta, which, terminal & fired, tau, t_star, y_minus, y_plus, state, values
+        fired,
+        overflow,
+        theta,
+        which,
+        terminal & fired,
+        tau,
+        t_star,
+        y_minus,
+        y_plus,
+        state,
+        jnp.where(fired, evals, 0),
+        values,
     )

@@ -68,7 +68,7 @@ def scan_loop(solver, f, args, grid, y0, *, plan: SavePlan, s=1.0, progress=None
     """Integrate over a grid (in ``tau``) of ``len(grid) - 1`` steps known at trace time."""
     n_steps = grid.shape[0] - 1
     t_real = grid if isinstance(s, float) and s == 1.0 else s * grid
-    st0 = solver.init(f, t_real[0], y0, args)
+    st0, init_evals = solver.init_from(f, t_real[0], y0, args, None)
     saves = ScanSaves.make(plan, grid, y0, st0)
     xs = {"t0": t_real[:-1], "t1": t_real[1:]}
     if saves is not None:
@@ -108,9 +108,7 @@ def scan_loop(solver, f, args, grid, y0, *, plan: SavePlan, s=1.0, progress=None
     # only when the solve failed (see locate_failure).
     failed = ~tree_all_finite((y1, out.get("y"), ts_buf))
     n = jnp.asarray(n_steps)
-    evals = solver.init_evals + (
-        jnp.sum(out["evals"]) if "evals" in out else n_steps * solver.step_evals
-    )
+    evals = init_evals + (jnp.sum(out["evals"]) if "evals" in out else n_steps * solver.step_evals)
     stats = {"steps": n, "accepted": n, "rejected": jnp.asarray(0), "rhs_evals": jnp.asarray(evals)}
     dense = (grid[:-1], grid[1:] - grid[:-1], out["dense"], n_steps) if plan.dense else None
     return LoopOutput(
@@ -215,9 +213,11 @@ def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_gu
     if isinstance(control, RuntimeGrid):
         h0, init_evals, floor_ = span / control.n, st_evals, None
     else:
+        # the initial-step rule evaluates f once past y0, and f(y0) too unless the state is it
+        fsal = jax.tree.structure(st0) == jax.tree.structure(y0)
+        pick_evals = 1 if fsal else 2
 
         def pick():
-            fsal = jax.tree.structure(st0) == jax.tree.structure(y0)
             f0 = st0 if fsal else f(s * tau0, y0, args)
             f0 = jax.tree.map(lambda d: s * d, f0)
             f_tau = lambda tau, y, a: jax.tree.map(lambda d: s * d, f(s * tau, y, a))
@@ -225,7 +225,7 @@ def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_gu
             h = control.initial_step(f_tau, tau0, y0, f0, args, order, span)
             return lax.stop_gradient(jnp.asarray(h, jnp.result_type(span)))
 
-        init_evals = st_evals + (0 if control.dt0 is not None else 1)
+        init_evals = st_evals + (0 if control.dt0 is not None else pick_evals)
         if h_guess is None or control.dt0 is not None:
             h0 = pick()
         else:
@@ -237,7 +237,7 @@ def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_gu
             # last step's uncapped size for the next solve)
             missing = any_member(~known)
             h0 = lax.cond(missing, lambda: jnp.where(known, guess, pick()), lambda: guess)
-            init_evals = st_evals + missing.astype(jnp.int32)
+            init_evals = st_evals + pick_evals * missing.astype(jnp.int32)
         floor_ = control.dtmin
     eps = jnp.finfo(jnp.result_type(tau0)).eps
     # the smallest step is relative to where the step starts (a step below ~eps |t| does not
@@ -292,10 +292,7 @@ def while_loop(
     held_ = (lambda t, y: f) if events is None else (lambda t, y: events.held(f, t, y, args, s))
     # (the stages of a step read time strictly between the jumps around its start)
     held = held_ if jumps is None else (lambda t, y: between_jumps(held_(t, y), jumps, s * t, s))
-    if resume is None:
-        st0, st_evals = solver.init(held(s * tau0, y0), s * tau0, y0, args), solver.init_evals
-    else:
-        st0, st_evals = solver.init_from(held(s * tau0, y0), s * tau0, y0, args, resume)
+    st0, st_evals = solver.init_from(held(s * tau0, y0), s * tau0, y0, args, resume)
     h0, init_evals, floor = _first_step(
         solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_guess
     )
@@ -424,8 +421,7 @@ def while_loop(
             y_end = tree_where(ev.fired, ev.y_minus, y_end)
             ev_row = jnp.where(ev.fired, c.events.count, events.max_events)  # out of range: none
             ev_state = c.events.after(ev, accept)
-            # the solver restarts after a jump (FSAL: one evaluation)
-            evals = evals + jnp.where(ev.fired & ~ev.terminal, solver.init_evals, 0)
+            evals = evals + ev.evals  # the solver's restart at the event, and its cond's rate
             failed = failed | ev.overflow
             failure = jnp.where(ev.overflow, Result.max_events_reached, failure)
         restart = None
@@ -433,7 +429,7 @@ def while_loop(
             restart = accept & lands & (stop == nexts[0])  # (nexts[0]: the next jump)
             restart = restart if events is None else restart & ~ev.fired
             st1 = run_if(any_member(restart), _restart, (restart, t_new, y1, st1))[3]
-            evals = evals + jnp.where(restart, solver.init_evals, 0)
+            evals = evals + jnp.where(restart, solver.restart_evals, 0)
         grid_k = c.grid_k
         if grid_k is not None:
             # an event ends a step early (the next resumes the grid) unless it fell on its end

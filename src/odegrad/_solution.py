@@ -103,6 +103,9 @@ class Solution:
         ys: saved values, a pytree like ``y0`` (or like ``SaveAt.fn``'s output) with a leading
             save axis.
         stats: ``{"steps", "accepted", "rejected", "rhs_evals"}`` as integer arrays.
+            ``rhs_evals`` counts the evaluations of ``f`` made, the stabilised methods'
+            power-iteration JVPs included; the implicit and Rosenbrock methods' Jacobians
+            (``jax.jacfwd``, and a Rosenbrock step's ``df/dt``) are not counted.
         result: an integer array holding a :class:`Result`.
         events: the :class:`~odegrad._events.EventLog` (``ts``, ``which``, ``ys``, ``count``)
             of a solve with ``events=``, else None.

@@ -146,10 +146,10 @@ class Adaptive(AbstractStep):
     ``dt0=None`` picks the first step by Hairer & Wanner's algorithm (I, II.4, p. 169).
 
     ``rtol`` and ``atol`` may be given per entry (CVODES' vector ``abstol``, SciML's vector
-    tolerances): an array shaped like a single-array state, or a pytree of the state's structure
-    whose leaves broadcast against its leaves (Robertson's chemistry: ``atol=jnp.array([1e-8,
-    1e-14, 1e-6])``). Implicit solvers' Newton tests and the continuous adjoints' backward
-    solves (whose state is not ``y``) use the tightest entry.
+    tolerances): an array (or a list of numbers) shaped like a single-array state, or a pytree of
+    the state's structure whose leaves broadcast against its leaves (Robertson's chemistry:
+    ``atol=[1e-8, 1e-14, 1e-6]``). Implicit solvers' Newton tests and the continuous adjoints'
+    backward solves (whose state is not ``y``) use the tightest entry.
 
     ``jump_ts``: times where ``f`` jumps or kinks in ``t`` (the knots of a piecewise-constant
     or ``jnp.interp`` input, dose times), known in advance. A step that would cross one ends

@@ -95,6 +95,12 @@ def tolerance_leaves(tol, tree: PyTree, name: str = "atol") -> list:
     leaves broadcast against its leaves)."""
     leaves = jax.tree.leaves(tree)
     tols = jax.tree.leaves(tol)
+    one_array = jax.tree_util.treedef_is_leaf(jax.tree.structure(tree))
+    if one_array and isinstance(tol, list | tuple) and all(jnp.ndim(t) == 0 for t in tols):
+        # one number per entry of an array state, as a list (scipy's ``atol`` array_like)
+        concrete = all(isinstance(t, int | float | np.generic) for t in tols)
+        tols = [np.asarray(tols) if concrete else jnp.stack([jnp.asarray(t) for t in tols])]
+        tol = tols[0]
     if jax.tree_util.treedef_is_leaf(jax.tree.structure(tol)) and jnp.ndim(tol) == 0:
         return [tol] * len(leaves)
     if jax.tree.structure(tol) != jax.tree.structure(tree):

@@ -117,6 +117,12 @@ class AbstractSolver(abc.ABC):
         after it."""
         return state, 0
 
+    @property
+    def restart_evals(self) -> int:
+        """The right-hand-side evaluations :meth:`restart` makes (the loops' count): by
+        default :meth:`init`'s."""
+        return self.init_evals
+
     def restart(self, f, t, y, args, state):
         """The carried state after a jump in ``f`` at ``(t, y)`` (``og.Adaptive(jump_ts=)``),
         from the one the step that ended there left: by default :meth:`init`'s, whose first

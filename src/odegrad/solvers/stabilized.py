@@ -10,14 +10,17 @@ forward Euler.
 ``rho`` comes from a user's ``spectral_radius(t, y, args)`` or from a warm-started power iteration
 on Jacobian-vector products ``jax.jvp(lambda y: f(t, y, args), (y,), (v,))`` carried in the
 solver state (then ``state_from_y`` is false: the vector cannot be recomputed from ``y``), times a
-safety factor. The estimate is reused for ``rho_every = 25`` accepted steps and then refreshed,
-warm-started from the last vector, as RKC does (``nstsig = mod(nstsig+1, 25)`` in Sommeijer's
-``rkc.f``): per step the iteration costs a Jacobian-vector product, a stencil pass as dear as a
-stage. After a rejected step it is refreshed where the retry starts unless it was made there
-(``rkc.f``'s ``newspc = .not. jacatt``; :meth:`_Stabilized.after_step`, the loops' hook):
-stiffness that grows between refreshes then costs one JVP instead of a run of rejections. The
-stage count is a discrete choice made under ``lax.stop_gradient``: no derivative flows through
-``rho``.
+safety factor. Before the first step the iteration makes at most ``init_power_iters = 20``
+products and stops once two successive estimates agree to ``power_rtol = 1 %`` (``rkc.f``'s rule;
+~6-12 products on diffusion stencils, whose estimate rises to ~0.93-0.96 of the spectral radius
+where 20 products reach ~0.96-0.99). The estimate is reused for ``rho_every = 25`` accepted steps
+and then refreshed, warm-started from the last vector, as RKC does (``nstsig = mod(nstsig+1,
+25)`` in Sommeijer's ``rkc.f``): per step the iteration costs a Jacobian-vector product, a
+stencil pass as dear as a stage. After a rejected step it is refreshed where the retry starts
+unless it was made there (``rkc.f``'s ``newspc = .not. jacatt``; :meth:`_Stabilized.after_step`,
+the loops' hook): stiffness that grows between refreshes then costs one JVP instead of a run of
+rejections. The stage count is a discrete choice made under ``lax.stop_gradient``: no
+derivative flows through ``rho``.
 
 Differentiability. The stage count varies per step at run time, so the stages of a step run in
 a ``lax.fori_loop`` over the stages really taken (:func:`two_step_recurrence`; ROCK2's finishing
@@ -91,6 +94,7 @@ class _Stabilized(AbstractSolver):
         safety: float = 1.2,
         power_iters: int = 1,
         init_power_iters: int = 20,
+        power_rtol: float = 0.01,
         rho_every: int = 25,
     ):
         """
@@ -100,7 +104,10 @@ class _Stabilized(AbstractSolver):
             safety: factor applied to the spectral-radius estimate before choosing the stages.
             power_iters: JVP power-iteration steps per refresh of the estimate (warm-started
                 from the last vector).
-            init_power_iters: power-iteration steps before the first step.
+            init_power_iters: power-iteration steps before the first step, at most.
+            power_rtol: stop the power iteration once two successive estimates agree to this
+                relative tolerance (``rkc.f``'s 1 %; OrdinaryDiffEq's ``maxeig!`` 5 %); 0 runs
+                every step asked for.
             rho_every: refresh the power-iteration estimate every this many accepted steps
                 (1: every step).
         """
@@ -118,6 +125,11 @@ class _Stabilized(AbstractSolver):
                     f"{name}({arg}={n!r}): at least 1 power-iteration step (without one the "
                     "spectral radius is never estimated); pass spectral_radius= to skip them."
                 )
+        if not (isinstance(power_rtol, int | float) and 0 <= power_rtol < 1):
+            raise ValueError(
+                f"{name}(power_rtol={power_rtol!r}): a relative tolerance in [0, 1) between two "
+                "successive spectral-radius estimates (default 0.01; 0 runs every step)."
+            )
         if spectral_radius is not None and not callable(spectral_radius):
             raise TypeError(
                 f"{name}(spectral_radius={spectral_radius!r}): a function "
@@ -129,6 +141,8 @@ class _Stabilized(AbstractSolver):
         self.safety = float(safety)
         self.power_iters = int(power_iters)
         self.init_power_iters = int(init_power_iters)
+        self.power_rtol = float(power_rtol)
+        # static upper bound (the loops count init_from's)
         self.init_evals = 1 + (0 if spectral_radius is not None else self.init_power_iters)
         # static upper bound (the loops use the per-step ``StepResult.evals`` instead)
         self.step_evals = self.max_stages + (0 if spectral_radius is not None else power_iters)
@@ -152,7 +166,12 @@ class _Stabilized(AbstractSolver):
         return f"{type(self).__name__}()"
 
     # -- spectral radius -------------------------------------------------------------------
+    #: a restart keeps the spectral-radius estimate: one evaluation, the first stage
+    restart_evals = 1
+
     def _rho(self, f, t, y, args, v, iters):
+        """``(rho, v, products)``: the estimate with the safety factor, the power iteration's
+        next vector and the Jacobian-vector products it took (none with a user's bound)."""
         if self.spectral_radius is not None:
             rho = self.spectral_radius(_sg(t), _sg(y), _sg(args))
             if rho is None or jnp.shape(rho) != ():
@@ -163,16 +182,19 @@ class _Stabilized(AbstractSolver):
                     "4 * D * ndim / dx**2 for a diffusion stencil)."
                 )
             rho = jnp.abs(jnp.asarray(rho, jnp.result_type(t)))
-            return lax.stop_gradient(self.safety * rho), None
-        rho, v = power_iteration(f, t, y, args, v, iters)
-        return self.safety * rho, v
+            return lax.stop_gradient(self.safety * rho), None, 0
+        rho, v, products = power_iteration(f, t, y, args, v, iters, self.power_rtol)
+        return self.safety * rho, v, products
 
-    def init(self, f, t0, y0, args):
+    def _init(self, f, t0, y0, args):
         f0 = f(t0, y0, args)
         v0 = None if self.spectral_radius is not None else _start_vector(y0)
-        rho, v = self._rho(f, t0, y0, args, v0, self.init_power_iters)
+        rho, v, products = self._rho(f, t0, y0, args, v0, self.init_power_iters)
         # age as a float: adjoints carry cotangents of the whole state, and an int has none
-        return (f0, rho, v, jnp.zeros((), jnp.result_type(rho)))
+        return (f0, rho, v, jnp.zeros((), jnp.result_type(rho))), 1 + products
+
+    def init(self, f, t0, y0, args):
+        return self._init(f, t0, y0, args)[0]
 
     def resume_state(self, state):
         """The power iteration's ``(rho, v, age)``: a solve continuing from here (the next
@@ -187,21 +209,21 @@ class _Stabilized(AbstractSolver):
         at least 1, so that a rejection at the start refreshes it (the state may have jumped
         there: an event)."""
         if previous is None or self.spectral_radius is not None:
-            return self.init(f, t0, y0, args), self.init_evals
+            return self._init(f, t0, y0, args)
         rho, v, age = previous
         f0 = f(t0, y0, args)
         stale = ~(jnp.isfinite(rho) & (rho > 0))
         t, y, a = _sg((t0, y0, args))
 
         def estimate(carry):
-            rho_old, v_old = carry
-            rho_n, v_n = self._rho(f, t, y, a, v_old, self.init_power_iters)
-            return jnp.where(stale, rho_n, rho_old), tree_where(stale, v_n, v_old)
+            rho_old, v_old, _ = carry
+            rho_n, v_n, n = self._rho(f, t, y, a, v_old, self.init_power_iters)
+            return jnp.where(stale, rho_n, rho_old), tree_where(stale, v_n, v_old), n
 
         # (under vmap, run when any member has no estimate; the others keep theirs)
-        rho, v = run_if(any_member(stale), estimate, _sg((rho, v)))
+        rho, v, products = run_if(any_member(stale), estimate, (*_sg((rho, v)), jnp.int32(0)))
         age = jnp.where(stale, 0, jnp.maximum(age, 1)).astype(age.dtype)
-        evals = 1 + jnp.where(stale, self.init_power_iters, 0)
+        evals = 1 + jnp.where(stale, products, 0)
         return (f0, rho, v, age), evals
 
     def restart(self, f, t, y, args, state):
@@ -273,18 +295,18 @@ class _Stabilized(AbstractSolver):
         t, y, args = _sg((t, y, args))
 
         def refresh(carry):
-            rho, v = carry
-            rho_n, v_n = self._rho(f, t, y, args, v, self.power_iters)
+            rho, v, _ = carry
+            rho_n, v_n, n = self._rho(f, t, y, args, v, self.power_iters)
             # a breakdown (every product zero or non-finite) gives rho_n = 0: keep the estimate
             ok = due & (rho_n > 0)
-            return jnp.where(ok, rho_n, rho), tree_where(ok, v_n, v)
+            return jnp.where(ok, rho_n, rho), tree_where(ok, v_n, v), n
 
         # under vmap it runs when any member is due (a batched predicate would run the power
         # iteration for every member on every step); a loop of at most one trip, so that v is
         # not copied on the steps that keep it (run_if)
-        rho, v = run_if(any_member(due), refresh, _sg((rho, v)))
+        rho, v, products = run_if(any_member(due), refresh, (*_sg((rho, v)), jnp.int32(0)))
         age = jnp.where(due, 0, jnp.where(accepted, age + 1, age)).astype(age.dtype)
-        return (f0, rho, v, age), jnp.where(due, self.power_iters, 0)
+        return (f0, rho, v, age), jnp.where(due, products, 0)
 
     def interpolate(self, dense, theta):
         y0, y1, f0, f1, dt = dense
