@@ -364,22 +364,27 @@ def test_failed_backward_solve_raises_or_gives_nan():
 def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
     """A backward solve that goes non-finite from a finite adjoint raises with throw (float32
     Robertson with Kvaerno5 and Interpolating: Newton failed at every step size at t = 10, and
-    the gradient was nan without a word); a nan the loss brings in stays the gradient's nan."""
+    the gradient was nan without a word; Backsolve too, where its re-integrated state stayed
+    finite, so that its drift check did not see it); a nan the loss brings in stays the
+    gradient's nan."""
     rob = lambda t, y, k: jnp.stack([
         -k[0] * y[0] + k[1] * y[1] * y[2],
         k[0] * y[0] - k[1] * y[1] * y[2] - k[2] * y[1] ** 2,
         k[2] * y[1] ** 2,
     ])  # fmt: skip
 
-    def loss(lk):
+    def loss(lk, adjoint=None, atol=1e-8):
         sol = og.solve(rob, jnp.array([1.0, 0.0, 0.0], jnp.float32), (0.0, 10.0), jnp.exp(lk),
-                       solver=og.Kvaerno5(), step=og.Adaptive(rtol=1e-5, atol=1e-8),
-                       adjoint=og.Interpolating())  # fmt: skip
+                       solver=og.Kvaerno5(), step=og.Adaptive(rtol=1e-5, atol=atol),
+                       adjoint=adjoint or og.Interpolating())  # fmt: skip
         return sol.ys[-1, 0]
 
     lk = jnp.log(jnp.array([0.04, 1e4, 3e7], jnp.float32))
     with pytest.raises(Exception, match=r"went non-finite from a finite adjoint.*at t=10"):
         jax.jit(jax.grad(loss))(lk)
+    backsolve = jax.jit(jax.grad(lambda lk: loss(lk, og.Backsolve(), atol=1e-6)))
+    with pytest.raises(Exception, match=r"Backsolve: the backward .* non-finite .*at t=9.9"):
+        backsolve(lk)
     nan_loss = lambda y0: og.solve(decay, y0, (0.0, 1.0), adjoint=og.Interpolating()).ys.sum()
     assert np.isnan(np.asarray(jax.grad(lambda y0: nan_loss(y0) * jnp.nan)(jnp.ones(2)))).all()
     # a nan at a middle save (missing data), which the columns take in inside a backward step

@@ -146,6 +146,9 @@ def test_laplacian(nd):
     np.testing.assert_allclose(np.asarray(scalar), np.asarray(st.laplacian(A, [0.5] * nd)))
     with pytest.raises(ValueError, match=r"^laplacian: spacing has 4 entries .*ndim="):
         st.laplacian(A, [1.0] * 4)
+    for pad in (False, True):  # (pad=True gave nan on its boundary cells, the other inf inside)
+        with pytest.raises(ValueError, match=r"^laplacian: spacing=.* holds 0"):
+            st.laplacian(A, [1.0] * (nd - 1) + [0.0], pad=pad)
 
 
 @pytest.mark.parametrize("shape", [(5,), (3, 3), (4, 6), (3, 3, 3), (5, 4, 7), (6, 3, 4)])

@@ -546,8 +546,11 @@ class _Continuous(AbstractAdjoint):
         # that went non-finite on finite cotangents raises with throw (float32 Robertson with
         # Kvaerno5, Interpolating: Newton failed at every step size, and the gradient was nan
         # without a word). Backsolve's re-integrated state, which may overflow backwards, is
-        # its drift check's to report (on_drift).
-        made_here = tree_all_finite((ct.y1, ct.ts_ys, ct.steps_ys)) & (not src.reintegrates)
+        # its drift check's to report (on_drift); with that state finite, the adjoint's own
+        # failure is reported here (float32 Robertson, Backsolve: nan gradients, no word).
+        made_here = tree_all_finite((ct.y1, ct.ts_ys, ct.steps_ys))
+        if src.reintegrates:
+            made_here = made_here & tree_all_finite(carry["y"])
         raises = failed & ((carry["failed"] != Result.nonfinite) | made_here)
         if problem.throw:
             report = partial(report_backward_failure, type(self).__name__, problem.max_steps)

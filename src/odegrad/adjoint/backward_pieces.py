@@ -69,7 +69,9 @@ def report_backward_failure(name: str, max_steps: int, code, t) -> None:
     member = f" (batch member {k})" if code.size > 1 else ""
     raise SolveFailure(
         f"og.{name}: the backward (adjoint) solve {why} at t={float(t[k]):.6g}{member}, so the "
-        "gradient is nan. Raise max_steps=, loosen the adjoint's step, or use og.Discrete()."
+        "gradient is nan. Raise max_steps=, loosen the adjoint's step (its tolerances are the "
+        f"forward's tightest; e.g. og.{name}(step=og.Adaptive(rtol=1e-5, atol=1e-5))), or use "
+        "og.Discrete()."
     )
 
 

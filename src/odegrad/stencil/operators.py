@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.typing import ArrayLike
 
@@ -456,6 +457,14 @@ def minloc(A: ArrayLike) -> Array:
     return _local("minloc", A, jnp.minimum)
 
 
+def _is_zero(h) -> bool:
+    """Whether a concrete spacing is 0 (a traced one is not checked)."""
+    try:
+        return bool(np.any(np.asarray(h) == 0))
+    except jax.errors.JAXTypeError:
+        return False
+
+
 def laplacian(
     A: ArrayLike,
     spacing: float | ArrayLike | Sequence[float | ArrayLike],
@@ -489,6 +498,8 @@ def laplacian(
         raise ValueError(
             f"laplacian: spacing has {len(hs)} entries but the array has ndim={A.ndim}"
         )
+    if any(_is_zero(h) for h in hs):
+        raise ValueError(f"laplacian: spacing={spacing!r} holds 0; a grid spacing is nonzero.")
     # symbolic sizes (jax.export's) cannot size the merged axis's slices; (`all` is the
     # ParallelStencil operator in this module)
     symbolic = any(not isinstance(n, int) for n in A.shape)
