@@ -327,8 +327,8 @@ _INITS: list[int] = []
 
 
 class _CountedROCK2(ROCK2):
-    """ROCK2 reporting at run time, per backward interval, whether ``init_from`` had to
-    estimate afresh (``1 + init_power_iters`` evaluations) or reused the estimate (1)."""
+    """ROCK2 reporting at run time, per solve or backward interval, whether ``init_from`` had
+    to estimate afresh (``f`` and the power iteration's products) or reused the estimate (1)."""
 
     def init_from(self, f, t0, y0, args, previous):
         state, evals = super().init_from(f, t0, y0, args, previous)
@@ -361,12 +361,13 @@ def test_backward_intervals_reuse_the_spectral_radius(adjoint, step):
     _INITS.clear()
     got = _heat_gradient(_CountedROCK2(), adjoint, step)
     log = np.asarray(_INITS)
-    fresh = 1 + og.ROCK2().init_power_iters
-    assert log.size >= 10, log  # (the forward calls init)
+    fresh = log > 1  # f and the power iteration's products, against f alone
+    assert log.size >= 10 and log.max() <= 1 + og.ROCK2().init_power_iters, log
     if isinstance(step, og.Adaptive):
-        assert sorted(set(log)) == [1, fresh] and np.sum(log == fresh) == 1, log
+        # the forward solve's start and the first backward interval's estimate afresh
+        assert fresh[:2].all() and np.all(log[2:] == 1), log
     else:  # nothing rejects a fixed step: afresh each time (test_fixed_step_backward_solve_*)
-        assert np.all(log == fresh), log
+        assert np.all(fresh), log
     # every interval re-estimating (the default init_from) gives the same gradient
     afresh = type("Afresh", (ROCK2,), {"resume_state": lambda self, state: None})()
     again = _heat_gradient(afresh, adjoint, step)
