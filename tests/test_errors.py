@@ -364,9 +364,8 @@ def test_failed_backward_solve_raises_or_gives_nan():
 def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
     """A backward solve that goes non-finite from a finite adjoint raises with throw (float32
     Robertson with Kvaerno5 and Interpolating: Newton failed at every step size at t = 10, and
-    the gradient was nan without a word; Backsolve too, where its re-integrated state stayed
-    finite, so that its drift check did not see it); a nan the loss brings in stays the
-    gradient's nan."""
+    the gradient was nan without a word; Backsolve too, whose re-integrated state stayed
+    finite and within its drift limit then); a nan the loss brings in stays the gradient's nan."""
     rob = lambda t, y, k: jnp.stack([
         -k[0] * y[0] + k[1] * y[1] * y[2],
         k[0] * y[0] - k[1] * y[1] * y[2] - k[2] * y[1] ** 2,
@@ -383,7 +382,9 @@ def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
     with pytest.raises(Exception, match=r"went non-finite from a finite adjoint.*at t=10"):
         jax.jit(jax.grad(loss))(lk)
     backsolve = jax.jit(jax.grad(lambda lk: loss(lk, og.Backsolve(), atol=1e-6)))
-    with pytest.raises(Exception, match=r"Backsolve: the backward .* non-finite .*at t=9.9"):
+    # (its drift check, relative to the state since, sees it first)
+    raised = r"Backsolve: the (backward .* non-finite .*at t=9.9|state .* drifted)"
+    with pytest.raises(Exception, match=raised):
         backsolve(lk)
     nan_loss = lambda y0: og.solve(decay, y0, (0.0, 1.0), adjoint=og.Interpolating()).ys.sum()
     assert np.isnan(np.asarray(jax.grad(lambda y0: nan_loss(y0) * jnp.nan)(jnp.ones(2)))).all()
@@ -393,6 +394,38 @@ def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
     saves = lambda y0: og.solve(decay, y0, (0.0, 1.0), saveat=og.SaveAt(ts=ts),
                                 adjoint=og.Interpolating()).ys  # fmt: skip
     assert np.isnan(np.asarray(jax.jit(jax.grad(lambda y0: jnp.sum(saves(y0) * w)))(Y0))).all()
+
+
+def test_eager_jacfwd_through_a_failed_solve_names_where():
+    """Eager ``jax.jacfwd``: the result code is concrete while the values that locate the
+    failure are JVP tracers; the error is the solve's (t and step), not NumPy's refusal to
+    convert a tracer."""
+    loss = lambda y0: og.solve(decay, y0, (0.0, 50.0), max_steps=3).ys[-1].sum()
+    with pytest.raises(Exception, match=r"og.solve failed at t=.* \(step 3\): max_steps") as e:
+        jax.jacfwd(loss)(Y0)
+    assert type(e.value).__name__ == "SolveFailure"
+
+
+def test_backsolve_drift_is_also_relative_to_the_state():
+    """Backsolve's drift check: Van der Pol's limit cycle repels backwards, and re-integrated
+    from t = 20 the state came back 5.5e5 tolerances (half of itself) off y0, under the
+    1e6-tolerance limit, with a gradient of 38.1 for 1.24; the limit is also 10 % of the state
+    now (1e5 tolerances at rtol 1e-6). From t = 5 it drifts 4 tolerances, and its gradient is
+    Interpolating's."""
+    vdp = lambda t, y, mu: jnp.stack([y[1], mu * (1 - y[0] ** 2) * y[1] - y[0]])
+
+    def grad(adjoint, t1):
+        def loss(y0, mu):
+            sol = og.solve(vdp, y0, (0.0, t1), mu, step=og.Adaptive(1e-6, 1e-6), adjoint=adjoint)
+            return jnp.sum(sol.ys[-1] * jnp.array([1.0, -0.5]))
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.array([1.0, 2.0]), 1.0)
+
+    drifted = r"drifted .* by \d\.\d+e\+05 tolerances \(more than 1e\+05"
+    with pytest.raises(Exception, match=drifted):
+        grad(og.Backsolve(), 20.0)
+    for got, want in zip(grad(og.Backsolve(), 5.0), grad(og.Interpolating(), 5.0), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-3)
 
 
 def test_adjoint_backward_solver_or_step_that_cannot_work():

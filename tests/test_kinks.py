@@ -156,7 +156,7 @@ def _loss(p, adjoint, tol, f=_abs_f):
 @pytest.fixture(scope="module")
 def abs_reference():
     """d loss / d p by central differences of a tight solve (the exact ODE's, to ~1e-9)."""
-    loss = jax.jit(lambda p: _loss(p, og.Discrete(), 1e-13))
+    loss = jax.jit(lambda p: _loss(p, og.Discrete(), 1e-13))  # (values only: no warning)
     eps = 1e-5
     g = []
     for i in range(3):
@@ -186,6 +186,41 @@ def test_auto_on_kinks_chooses_controlled_forward_and_says_why(abs_reference):
     assert "abs at test_kinks.py" in text and "error control" in text
     g = jax.jit(jax.grad(lambda p: _loss(p, og.Auto(), 1e-9)))(jnp.asarray(P0))
     assert np.linalg.norm(g - abs_reference) / np.linalg.norm(abs_reference) < 1e-6
+
+
+def test_discrete_by_hand_on_kinks_warns(abs_reference):
+    """og.Discrete() chosen by hand for an adaptive solve of a kinked f warns when its reverse
+    pass is traced: its gradient is off by far more than the tolerance there (5e-6 at 1e-9
+    here). Not for values alone, a loose rtol, a fixed grid, events at the kinks, or where
+    og.Auto() chose Discrete itself (f also switches in time, unseen by a backward solve)."""
+    p = jnp.asarray(P0)
+    match = r"og.Discrete\(\) on an adaptive solve: f's Jacobian jumps \(abs at test_kinks.py"
+    with pytest.warns(RuntimeWarning, match=match):
+        g = jax.jit(jax.grad(lambda p: _loss(p, og.Discrete(), 1e-9)))(p)
+    assert np.linalg.norm(g - abs_reference) / np.linalg.norm(abs_reference) > 2e-6
+
+    def fixed(p):
+        sol = og.solve(_abs_f, jnp.asarray(Y0), (0.0, 6.0), p, step=og.Fixed(0.01),
+                       adjoint=og.Discrete())  # fmt: skip
+        return sol.ys[-1, 0]
+
+    switched = lambda t, y, p: _abs_f(t, y, p) + jnp.where(t < 3.0, 0.0, p[2])
+    ev = og.switching_events(_abs_f, 0.0, jnp.asarray(Y0), p, kinks=True)
+    quiet = [
+        lambda p: _loss(p, og.Discrete(), 1e-9),
+        jax.grad(lambda p: _loss(p, og.Discrete(), 1e-2)),
+        jax.grad(fixed),
+        jax.grad(lambda p: og.solve(_abs_f, jnp.asarray(Y0), (0.0, 6.0), p, events=ev,
+                                    step=og.Adaptive(1e-9, 1e-9), adjoint=og.Discrete()).ys[-1, 0]),
+        jax.grad(lambda p: _loss(p, og.Auto(forward_max_inputs=0), 1e-9, f=switched)),
+    ]  # fmt: skip
+    text = og.explain_adjoint(switched, jnp.asarray(Y0), (0.0, 6.0), p,
+                              adjoint=og.Auto(forward_max_inputs=0))  # fmt: skip
+    assert text.startswith("Auto chose Discrete") and "switches" in text, text
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for fn in quiet:
+            jax.eval_shape(fn, p)
 
 
 def test_auto_with_many_inputs_chooses_interpolating(abs_reference):

@@ -320,6 +320,14 @@ def _host_check_jvp(host, prepare, primals, tangents):
     return _tie(outputs, token), jax.tree.map(scale, tangents[0])
 
 
+def _primal_array(x) -> np.ndarray:
+    """``x`` as a NumPy array, through the derivative tracers of an eager ``jax.jacfwd`` or
+    ``jax.grad`` (whose ``result`` is concrete while the values it locates are not)."""
+    while isinstance(x, jax.core.Tracer) and hasattr(x, "primal"):
+        x = x.primal
+    return np.asarray(x)
+
+
 def check_result(outputs, result, gather, locate, describe=None):
     """``outputs`` (any pytree of arrays), raising when ``result`` is not success.
 
@@ -339,7 +347,7 @@ def check_result(outputs, result, gather, locate, describe=None):
 
     if not isinstance(result, jax.core.Tracer):
         if np.any(np.asarray(result) != 0):  # eager: gather() only on failure, as under jit
-            raise_first(*jax.tree.map(np.asarray, gather()))
+            raise_first(*jax.tree.map(_primal_array, gather()))
         return outputs
     # what gather() closes over enters as operands (a derivative rule may not close over them)
     gather, consts = hoist_closure(gather)

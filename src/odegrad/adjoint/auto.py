@@ -14,7 +14,7 @@ from .._tuning import tuning
 from .backward_pieces import unseen_time_switches
 from .base import AbstractAdjoint, Problem
 from .continuous import Interpolating
-from .discrete import Discrete
+from .discrete import CHOSEN_BY_AUTO, Discrete
 from .forward import Forward
 
 
@@ -198,7 +198,12 @@ class Auto(AbstractAdjoint):
         return chosen, text
 
     def run(self, problem: Problem) -> LoopOutput:
-        return self.choose(problem, traced_only=True)[0].run(problem)
+        chosen = self.choose(problem, traced_only=True)[0]
+        token = CHOSEN_BY_AUTO.set(True)
+        try:
+            return chosen.run(problem)
+        finally:
+            CHOSEN_BY_AUTO.reset(token)
 
     def describe(self, problem: Problem) -> str:
         return self.choose(problem)[1]

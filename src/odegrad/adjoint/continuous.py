@@ -194,8 +194,9 @@ class Backsolve(_Continuous):
     """Continuous adjoint that re-integrates the state backwards with the adjoint: O(1) memory.
 
     At every save time the re-integrated state is compared with the stored forward state and
-    reset to it. If it drifted by more than ``DRIFT_LIMIT`` tolerances — the signature of a
-    problem that is unstable backwards (diffusion, damping, stiffness) — the reverse pass raises
+    reset to it. If it drifted by more than 1e6 tolerances or 10 % of the state
+    (``sources.drift_limit``) — the signature of a problem that is unstable backwards
+    (diffusion, damping, stiffness, an attracting limit cycle) — the reverse pass raises
     (``on_drift="raise"``, default) or warns (``"warn"``) and recommends ``og.Interpolating()``.
 
     Example:

@@ -19,6 +19,7 @@ schedule (:mod:`odegrad.adjoint.checkpointing`).
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from dataclasses import dataclass
 from typing import Literal
@@ -32,8 +33,9 @@ from .._kinks import jacobian_jumps
 from .._loop import LoopOutput
 from .._recorders import StepRecord
 from .._saving import saved_value, saves_gathered, saves_in_step
-from .._tree import Packed, tree_add, tree_bytes, tree_zeros_like
+from .._tree import Packed, tightest_tolerance, tree_add, tree_bytes, tree_zeros_like
 from .._tuning import tuning
+from .._warn import warn_user
 from ..solvers.base import AbstractSolver
 from .base import AbstractAdjoint, CustomRule, Problem, custom_vjp_solve
 from .checkpointing import reverse_steps
@@ -134,6 +136,7 @@ class Discrete(AbstractAdjoint):
 
     def run(self, problem: Problem) -> LoopOutput:
         policy = self.policy(problem)
+        hand_picked = not CHOSEN_BY_AUTO.get()
         checkpoints = policy.checkpoints
         if problem.static_steps is not None and (
             checkpoints == "all" or checkpoints >= problem.static_steps
@@ -144,7 +147,36 @@ class Discrete(AbstractAdjoint):
         keep_state = checkpoints == "all" or not problem.solver.state_from_y
         if self.checkpoints is None and not keep_state:
             keep_state = problem.checkpoints_keep_state(int(checkpoints))
-        return _checkpointed(problem, checkpoints, keep_state, policy.pullbacks)
+        return _checkpointed(problem, checkpoints, keep_state, policy.pullbacks, hand_picked)
+
+
+#: true while ``og.Auto`` runs the adjoint it chose (it weighed the kinks of ``f`` itself)
+CHOSEN_BY_AUTO = contextvars.ContextVar("odegrad_chosen_by_auto", default=False)
+
+#: below this ``rtol`` a hand-picked Discrete adjoint warns of kinks (``og.Auto``'s default
+#: ``kink_rtol``: above it the kinks' error is within a small factor of the tolerance)
+KINK_RTOL = 1e-3
+
+
+def _warn_kinks(problem: Problem) -> None:
+    """Warn when the reverse pass of a hand-picked Discrete adjoint is traced for an adaptive
+    solve of an ``f`` with kinks, at ``rtol < KINK_RTOL``."""
+    rtol = getattr(problem.control, "rtol", None)
+    try:
+        loose = rtol is not None and float(tightest_tolerance(rtol)) >= KINK_RTOL
+    except (TypeError, jax.errors.ConcretizationTypeError):
+        loose = False  # a traced tolerance: the kinks decide
+    if problem.static_steps is not None or loose or not problem.kinks:
+        return
+    warn_user(
+        f"og.Discrete() on an adaptive solve: {jacobian_jumps(problem.kinks, problem.events)}. "
+        "It differentiates the steps the controller chose for the state alone; across a kink "
+        "a step's derivative errs by O(h), which that controller does not see, so this "
+        "gradient may be off from the ODE's by far more than the tolerance (8.6e-4 at rtol "
+        "1e-10 for y' = -k|y| - c with Tsit5). og.Auto() picks an error-controlled adjoint "
+        "there (og.Interpolating() or og.Forward(), 1e-8 on the same problem); events at the "
+        "kinks (og.switching_events(f, t0, y0, args, kinks=True)) make Discrete exact too."
+    )
 
 
 def keeps_pullbacks(problem: Problem, limit: int) -> bool:
@@ -219,10 +251,11 @@ def step_with_pullback(problem: Problem, args_diff, need_dense: bool):
 
 
 def _checkpointed(
-    problem: Problem, checkpoints, keep_state: bool, pullbacks: bool = False
+    problem: Problem, checkpoints, keep_state: bool, pullbacks: bool = False, warn: bool = False
 ) -> LoopOutput:
     """The solve with a custom VJP that reverses the steps under binomial checkpointing, or
-    applies every step's kept VJP (``pullbacks``, see :func:`keeps_pullbacks`)."""
+    applies every step's kept VJP (``pullbacks``, see :func:`keeps_pullbacks`). ``warn``:
+    :func:`_warn_kinks` when the reverse pass is traced (a hand-picked adjoint)."""
     plan = problem.plan
     fixed = problem.static_steps is not None
     store_all = checkpoints == "all"
@@ -254,6 +287,8 @@ def _checkpointed(
             return strip(problem.forward(y0, problem.with_args(args_diff)))
 
         def solve_fwd(y0, args_diff):
+            if warn:
+                _warn_kinks(problem)
             rec = record
             if pullbacks:
                 take = step_with_pullback(problem, args_diff, need_dense)
