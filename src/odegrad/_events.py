@@ -574,34 +574,22 @@ def step_events(
         near = jnp.abs(values[which]) <= band * (jnp.abs(before[which]) + jnp.abs(after[which]))
         values = values.at[which].set(jnp.where(near, leaving.astype(values.dtype), values[which]))
         evals = jnp.asarray(evals, jnp.int32) + 1  # (and f in the rate of the event's cond)
-        return (
-            (theta, which.astype(jnp.int32), terminal, tau, t_star, y_minus, y_plus, state),
-            (evals, values),
-        )
+        which = which.astype(jnp.int32)
+        return theta, which, terminal, tau, t_star, y_minus, y_plus, state, evals, values
 
     def quiet(_):
         zero = jnp.asarray(0, jnp.int32)
         unchanged = (jnp.ones_like(h), zero, jnp.asarray(False), t_end, s * t_end)
-        return (*unchanged, res.y1, res.y1, res.state), (zero, after)
+        return (*unchanged, res.y1, res.y1, res.state, zero, after)
 
-    (theta, which, terminal, tau, t_star, y_minus, y_plus, state), (evals, values) = lax.cond(
+    theta, which, terminal, tau, t_star, y_minus, y_plus, state, evals, values = lax.cond(
         any_member(fired), located, quiet, None
     )
     which = which.astype(jnp.int32)
     overflow = fired & (count >= events.max_events)
     fired = fired & ~overflow
     values = jnp.where(fired, values, after)
+    terminal, evals = terminal & fired, jnp.where(fired, evals, 0)
     return StepEvents(
-        fired,
-        overflow,
-        theta,
-        which,
-        terminal & fired,
-        tau,
-        t_star,
-        y_minus,
-        y_plus,
-        state,
-        jnp.where(fired, evals, 0),
-        values,
+        fired, overflow, theta, which, terminal, tau, t_star, y_minus, y_plus, state, evals, values
     )
