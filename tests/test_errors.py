@@ -654,6 +654,43 @@ def test_nonfinite_start_under_vmap_names_the_member():
     assert np.all(np.isfinite(np.asarray(sols.ys[0])))
 
 
+@pytest.mark.parametrize("on_mesh", [False, True])
+def test_leaves_located_on_the_device_on_a_mesh(on_mesh):
+    """On a mesh, leaves reach the error's callback as their first non-finite index and kind,
+    not whole (a sharded field would be gathered onto one device; test_scaleout checks that no
+    such gather is compiled): the error names the same entries as from whole leaves, also under
+    vmap and for a fixed grid that runs on past a non-finite step (its saved rows summarised)."""
+    if on_mesh:
+        with jax.set_mesh(jax.make_mesh((1,), ("x",))):
+            return test_leaves_located_on_the_device_on_a_mesh(False)
+    big = np.ones((40, 40))
+    y0 = {"small": jnp.ones(2), "big": jnp.asarray(big).at[3, 7].set(-jnp.inf)}
+    with raises(RuntimeError, *NAN_Y0, "y0['big'] holds -inf at index (3, 7)"):
+        solve_jit(scaled, y0, ARGS)
+    c = jnp.ones(2000).at[1234].set(jnp.nan).at[1500].set(jnp.inf)
+
+    def g(t, y, a):
+        return jax.tree.map(lambda x: -x * jnp.mean(a["c"]), y)
+
+    fragments = (
+        "f(t0, y0, args)['big'] holds nan at index (0, 0)",
+        "args['c'] holds nan at index (1234,)",
+    )
+    with raises(RuntimeError, *fragments):
+        solve_jit(g, {"small": jnp.ones(2), "big": jnp.asarray(big)}, {"c": c})
+    # a member of a batch: its own entries
+    ys = jnp.stack([jnp.asarray(big), jnp.asarray(big).at[39, 0].set(jnp.nan)])
+    run = jax.vmap(lambda y: og.solve(lambda t, y, a: -y, y, (0.0, 1.0)).ys)
+    with raises(RuntimeError, "batch member 1 of a batch of (2,)", "y0 holds nan at index (39, 0)"):
+        jax.jit(run)(ys)
+    # a fixed grid runs on: the first saved step holding nan (step 2 evaluates f at t = 0.2),
+    # as for a small state
+    blow = lambda t, y, a: jnp.where(t >= 0.2, jnp.nan, -y)
+    for y in (jnp.ones(3), jnp.asarray(big)):
+        with raises(RuntimeError, "failed at t=0.1 (step 2)", "became non-finite"):
+            solve_jit(blow, y, None, step=og.Fixed(0.1), saveat=og.SaveAt(steps=True))
+
+
 def test_concrete_nan_y0_raises_before_solving():
     """A concrete y0 is checked at once (a ValueError); throw=False returns the code."""
     y0 = {"x": np.array([1.0, np.inf])}

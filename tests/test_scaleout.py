@@ -36,6 +36,9 @@ def run_case(case: str, devices: int, timeout: float = 600) -> dict:
     assert proc.returncode == 0, (
         f"case {case!r} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     )
+    # the error's host callback is sent summaries of sharded leaves, not the leaves, which XLA
+    # would gather onto one device (in a branch that a successful solve never runs)
+    assert "Involuntary full rematerialization" not in proc.stderr, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -268,11 +271,17 @@ def case_ensemble() -> dict:
     values, grads = jax.jit(og.ensemble(jax.value_and_grad(loss), mesh))(lams)
     one = jax.jit(jax.value_and_grad(loss))
     ref = [one(lam) for lam in lams]
+    try:  # a failed member is named by its place in the whole batch, not its device's block
+        jax.block_until_ready(jax.jit(og.ensemble(loss, mesh))(lams.at[5].set(jnp.inf)))
+        failed = "no error"
+    except Exception as e:  # the callback's error, wrapped by XLA
+        failed = str(e).splitlines()[-1]
     return {
         "rel_values": _rel(values, jnp.stack([r[0] for r in ref])),
         "rel_grads": _rel(grads, jnp.stack([r[1] for r in ref])),
         "devices": sorted(s.device.id for s in grads.addressable_shards),
         "spec": _spec(grads),
+        "failed": failed,
     }
 
 
@@ -319,6 +328,30 @@ def case_sharding_types() -> dict:
     g = jax.grad(lambda X: jnp.sum(blocks(X) ** 2))(A)
     ref = jax.grad(lambda X: sum(jnp.sum(lap(X[i : i + 3]) ** 2) for i in range(0, 12, 3)))(A)
     out["shard_map_grad"] = _rel(g, ref)
+    # A failed sharded solve raises (a callback on device 0 alone raising left the others
+    # waiting for it in a collective: XLA aborted the process), naming what one device would.
+    blow = lambda t, y, a: jnp.where(t > 0.05, y / 0.0, -y)
+    cases = {
+        "nan_y0": (y0.at[37].set(jnp.nan), {}),
+        "runs_on": (y0, {"step": og.Fixed(0.01), "saveat": og.SaveAt(steps=True)}),
+        "adaptive": (y0, {}),
+    }
+    for name, (y, kw) in cases.items():
+        run = jax.jit(lambda y, kw=kw: og.solve(blow, y, (0, 0.1), **kw).ys)
+        for where, y_ in (("one", y), ("mesh", jax.device_put(y, NamedSharding(mesh, P("x"))))):
+            try:
+                jax.block_until_ready(run(y_))
+                out[f"{name}_{where}"] = "no error"
+            except Exception as e:  # the callback's error, wrapped by XLA
+                out[f"{name}_{where}"] = str(e).splitlines()[-1]
+    # over Auto axes no context names the mesh: odegrad's own shard_map notes it
+    sblow = og.stencil.sharded(blow, auto, (P(), P("x"), P()), P("x"))
+    try:
+        run = jax.jit(lambda y: og.solve(sblow, y, (0, 0.1), step=og.Fixed(0.01)).ys)
+        jax.block_until_ready(run(jax.device_put(y0, NamedSharding(auto, P("x")))))
+        out["auto_stencil"] = "no error"
+    except Exception as e:
+        out["auto_stencil"] = str(e).splitlines()[-1]
     return out
 
 
@@ -373,12 +406,18 @@ def test_sharding_types():
     assert r["saves"] < 1e-14 and r["d_end"] < 1e-12, r
     assert "put jax.jit around the transformation" in r["eager_grad"], r
     assert r["shard_map_grad"] < 1e-14, r
+    assert "y0 holds nan at index (37,)" in r["nan_y0_mesh"], r
+    for name in ("nan_y0", "runs_on", "adaptive"):
+        assert "og.solve failed at t=" in r[f"{name}_one"], r
+        assert r[f"{name}_mesh"] == r[f"{name}_one"], r
+    assert "og.solve failed at t=0.1 (step 10)" in r["auto_stencil"], r
 
 
 def test_ensemble_over_devices():
     r = run_case("ensemble", 4)
     assert r["rel_values"] < 1e-12 and r["rel_grads"] < 1e-12, r
     assert r["devices"] == [0, 1, 2, 3] and r["spec"] == ["batch"], r
+    assert "(step 0, batch member 5 of a batch of (8,))" in r["failed"], r
 
 
 @pytest.mark.slow

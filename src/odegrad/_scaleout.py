@@ -11,10 +11,13 @@ loops do not, so ``og.solve`` runs itself with the mesh's axes switched to *Auto
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 __all__ = ["ensemble"]
@@ -102,9 +105,49 @@ def on_auto_axes(fn, mesh, y0, *rest):
     return jax.tree.unflatten(out_tree[0], out)
 
 
+#: the mesh of the last odegrad ``shard_map`` traced in the current solve (:func:`failure_mesh`)
+_TRACED_MESH: contextvars.ContextVar = contextvars.ContextVar("odegrad_mesh", default=None)
+
+
+@contextlib.contextmanager
+def solve_scope():
+    """Around the tracing of one solve: the meshes its right-hand sides note are its own."""
+    token = _TRACED_MESH.set(None)
+    try:
+        yield
+    finally:
+        _TRACED_MESH.reset(token)
+
+
+def failure_mesh():
+    """The mesh a solve runs on, as far as tracing can tell: the context's (a mesh with Explicit
+    axes, see :func:`on_auto_axes`, or ``jax.set_mesh``), else that of a sharded right-hand side
+    of odegrad's (``og.stencil.sharded``) traced in this solve, else None. A failed solve's
+    error callback runs on each of its devices (see ``_solution._failure_token``)."""
+    ctx = jax.sharding.get_abstract_mesh()
+    return _TRACED_MESH.get() if ctx.empty else ctx
+
+
+#: ``(axis names, device count, members per device)`` of the :func:`ensemble` being traced
+_ENSEMBLE: contextvars.ContextVar = contextvars.ContextVar("odegrad_ensemble", default=None)
+
+
+def ensemble_block():
+    """``(index, count, size)`` inside :func:`ensemble`'s ``shard_map``: this device's block of
+    the batch (traced), the number of blocks and their size; None elsewhere. A failed member is
+    named by its place in the whole batch."""
+    found = _ENSEMBLE.get()
+    if found is None:
+        return None
+    names, count, size = found
+    return jax.lax.axis_index(names), count, size
+
+
 def context_mesh(mesh):
     """``mesh``, or the context's abstract mesh when it is the same mesh with other axis types
-    (inside :func:`on_auto_axes`), for ``jax.shard_map`` calls of sharded right-hand sides."""
+    (inside :func:`on_auto_axes`), for ``jax.shard_map`` calls of sharded right-hand sides.
+    Notes the mesh for :func:`failure_mesh`."""
+    _TRACED_MESH.set(mesh)
     ctx = jax.sharding.get_abstract_mesh()
     if (
         not ctx.empty
@@ -174,8 +217,17 @@ def ensemble(
                 f"along {axis!r}; pad the batch or use fewer devices."
             )
         args = jax.tree.map(place, args)
+
+        def block(*args):
+            size = next((x.shape[0] for x in jax.tree.leaves(args) if jnp.ndim(x)), 0)
+            token = _ENSEMBLE.set((names, count, size))
+            try:
+                return batched(*args)
+            finally:
+                _ENSEMBLE.reset(token)
+
         # check_vma=False: the solver loops mix per-device (varying) and constant values freely
-        return jax.shard_map(batched, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)(
+        return jax.shard_map(block, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)(
             *args
         )
 

@@ -196,12 +196,14 @@ def result_message(code: int, t, step, member: str = "", body: str | None = None
     return f"og.solve failed at t={float(t):.6g}{f' ({where})' if where else ''}: {body}."
 
 
-def _raise_first_failure(code, t, step, info=None, describe=None):
+def _raise_first_failure(code, t, step, info=None, describe=None, block=None):
     """Raise for the first member whose ``code`` is not success (host side, NumPy arrays).
 
     ``describe(code, info)`` gets that member's slice of ``info`` (a pytree of arrays whose
     leading axes, if any, are the batch's) and may return the message's body, or None for the
-    code's own message."""
+    code's own message. ``block``: ``(index, count, size)`` of this device's block of a batch
+    split over ``count`` devices in blocks of ``size`` along its first axis
+    (:func:`~odegrad.ensemble`), whose members are named by their place in the whole batch."""
     code = np.asarray(code)
     t, step = (np.broadcast_to(np.asarray(x), np.shape(code)) for x in (t, step))
     bad = np.flatnonzero(code.reshape(-1) != 0)
@@ -210,9 +212,12 @@ def _raise_first_failure(code, t, step, info=None, describe=None):
     i = bad[0]
     member = ""
     if code.ndim:
-        where = np.unravel_index(i, code.shape)
-        which = where[0] if len(where) == 1 else tuple(map(int, where))
-        member = f"batch member {which} of a batch of {code.shape}"
+        where, shape = list(np.unravel_index(i, code.shape)), code.shape
+        if block is not None and shape[0] == block[2]:  # (else batched by an inner vmap alone)
+            where[0] += int(np.asarray(block[0]).reshape(-1)[0]) * shape[0]  # (axes of 1 added)
+            shape = (shape[0] * block[1], *shape[1:])
+        which = int(where[0]) if len(where) == 1 else tuple(map(int, where))
+        member = f"batch member {which} of a batch of {shape}"
         if bad.size > 1:
             member += f"; {bad.size} members failed"
     body = None
@@ -264,9 +269,25 @@ def _failure_token(host, prepare, failed, *operands):
             )
             return np.zeros(batch, np.int32)
 
-        probe = jnp.zeros((), jnp.int32)
-        token = jax.ShapeDtypeStruct((), jnp.int32)
-        return jax.pure_callback(run, token, probe, *prepared, vmap_method="expand_dims")
+        def callback(*prepared_):
+            probe = jnp.zeros((), jnp.int32)
+            token = jax.ShapeDtypeStruct((), jnp.int32)
+            return jax.pure_callback(run, token, probe, *prepared_, vmap_method="expand_dims")
+
+        from ._scaleout import failure_mesh
+
+        mesh = failure_mesh()
+        if mesh is None:
+            return callback(*prepared)
+        # On a mesh a callback runs on device 0 alone, and an error it raises stops device 0
+        # while the others wait for its token in a collective: XLA aborts the process after
+        # 40 s. Inside a shard_map over every axis it runs on each device (given what the
+        # others are given: the operands summarised, see _initial._summarised), and each
+        # raises.
+        every = jax.sharding.PartitionSpec()
+        return jax.shard_map(callback, mesh=mesh, in_specs=every, out_specs=every, check_vma=False)(
+            *prepared
+        )
 
     return jax.lax.cond(failed, fail, lambda _: jnp.zeros((), jnp.int32), operands)
 
@@ -341,15 +362,24 @@ def check_result(outputs, result, gather, locate, describe=None):
     Free on a successful solve, also under ``jax.vmap`` (the branch predicate is reduced over
     the batch by :func:`any_member`); a failing member of a batch is named in the error."""
 
+    from ._scaleout import ensemble_block
+
+    block = ensemble_block()
+
     def raise_first(*gathered):
+        if block is not None:
+            *gathered, index = gathered
         t, step, code, info = locate(*gathered)
-        _raise_first_failure(code, t, step, info, describe)
+        _raise_first_failure(code, t, step, info, describe, block and (index, *block[1:]))
 
     if not isinstance(result, jax.core.Tracer):
         if np.any(np.asarray(result) != 0):  # eager: gather() only on failure, as under jit
             raise_first(*jax.tree.map(_primal_array, gather()))
         return outputs
     # what gather() closes over enters as operands (a derivative rule may not close over them)
+    if block is not None:  # this device's place in the batch, as the last thing gathered
+        gather_here = gather
+        gather = lambda: (*gather_here(), block[0])
     gather, consts = hoist_closure(gather)
     failed = any_member(jnp.any(result != 0))
     return host_check(raise_first, outputs, failed, *consts, prepare=gather)

@@ -37,7 +37,7 @@ from ._kinks import describe_kinks, find_kinks
 from ._loop import RuntimeGrid
 from ._saveat import SaveAt, check_save_times, save_times_valid
 from ._saving import SavePlan, assemble, static_slot_count
-from ._scaleout import explicit_mesh, on_auto_axes
+from ._scaleout import explicit_mesh, on_auto_axes, solve_scope
 from ._solution import Result, Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
 from ._switches import moved_time_switches, switch_holder
@@ -145,6 +145,7 @@ def _solve_at_times(f, y0, t_span, args, *, progress=False, **options) -> Soluti
     return _solve(f, y0, t_span, args, progress=progress, **options)
 
 
+@solve_scope()
 def _solve(
     f, y0, t_span, args, *, solver, step, saveat, adjoint, max_steps, throw, events, max_events,
     progress=False,
