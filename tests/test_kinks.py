@@ -180,6 +180,39 @@ def test_forward_with_error_control_is_accurate_on_kinks(abs_reference):
     assert grads["held"] > 10 * grads["controlled"]
 
 
+def test_forward_mode_on_kinks_controls_the_sensitivities(abs_reference):
+    """jax.jacfwd and jax.jvp through og.Forward() (and og.Auto(), which chooses it here) put
+    the sensitivities under error control as jax.grad does: they ran the loops with the steps
+    held (the discretised solve's derivative, ~sqrt(tol) off on kinks), silently."""
+    p = jnp.asarray(P0)
+    for adjoint in (og.Forward(), og.Auto()):
+        loss = lambda p, a=adjoint: _loss(p, a, 1e-9)
+        for name, jac in (
+            ("jit(jacfwd)", jax.jit(jax.jacfwd(loss))),
+            (
+                "jvp",
+                jax.jit(lambda p: jnp.stack([jax.jvp(loss, (p,), (e,))[1] for e in jnp.eye(3)])),
+            ),
+        ):
+            g = jac(p)
+            err = np.linalg.norm(g - abs_reference) / np.linalg.norm(abs_reference)
+            assert err < 1e-6, (adjoint, name, err)
+    # the saved steps would move under control: held, and said so
+    steps = lambda p: (
+        og.solve(
+            _abs_f,
+            jnp.asarray(Y0),
+            (0.0, 6.0),
+            p,
+            adjoint=og.Forward(),
+            step=og.Adaptive(1e-9, 1e-9),
+            saveat=og.SaveAt(steps=True),
+        ).ys
+    )
+    with pytest.warns(RuntimeWarning, match="SaveAt.steps=True.: the steps are held fixed"):
+        jax.eval_shape(jax.jacfwd(steps), p)
+
+
 def test_auto_on_kinks_chooses_controlled_forward_and_says_why(abs_reference):
     text = og.explain_adjoint(_abs_f, jnp.asarray(Y0), (0.0, 6.0), jnp.asarray(P0))
     assert "Auto chose Forward()" in text

@@ -249,6 +249,14 @@ def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_gu
     def floor(tau):
         return jnp.maximum(4 * eps * jnp.abs(tau), dtmin)
 
+    if not isinstance(control, RuntimeGrid):
+        # A first step below the spacing of the floats at t0 does not move t (t + h rounds
+        # to t, and the loop steps by the time taken): an implicit stage then divides by 0
+        # (Kvaerno5 in float32 from t0 = 100 at atol 1e-8 reported "non-finite" at its first
+        # step). eps |t0| is at least that spacing; not the rejection floor (4 eps |t|),
+        # under which a first step that fails would end the solve (y' = -y from t0 = 1e6 in
+        # float32 starts below it, and grows).
+        h0 = jnp.maximum(h0, eps * jnp.abs(tau0))
     return h0, init_evals, floor
 
 

@@ -23,14 +23,17 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import CustomVJPPrimal
+import numpy as np
+from jax.custom_derivatives import CustomVJPPrimal, SymbolicZero
 from jax.flatten_util import ravel_pytree
 
 from .._kinks import jacobian_jumps
 from .._loop import LoopOutput, RuntimeGrid
+from .._tracers import forward_mode
 from .._tree import tolerance_leaves, tree_size
 from .._warn import warn_user
 from .base import (
+    HOLDS_CONSTANT,
     AbstractAdjoint,
     CustomRule,
     Problem,
@@ -195,7 +198,57 @@ class Forward(AbstractAdjoint):
 
             return CustomRule(partial(primal, problem=plain), solve_fwd, solve_bwd)
 
+        if controlled and forward_mode((problem.y0, problem.args_diff)):
+            if not problem.plan.steps:
+                return _controlled_tangent_solve(problem, lanes)
+            warn_user(
+                "og.Forward() under jax.jvp/jax.jacfwd with SaveAt(steps=True): the steps are "
+                "held fixed (controlling the sensitivities would move the steps the rows are "
+                "saved at), so the derivative is the discretised solve's, off by ~sqrt(tol) "
+                f"where f has kinks. Differentiate with jax.grad for {why}."
+            )
         return custom_vjp_solve(problem, rule, symbolic_zeros=True)
+
+
+def _controlled_tangent_solve(problem: Problem, lanes: int) -> LoopOutput:
+    """The solve under forward-mode autodiff (``jax.jvp``, ``jax.jacfwd``) with its tangent from
+    :func:`_augmented_solve` along the one direction JAX pushes (``jax.jacfwd`` vmaps it), the
+    sensitivities under error control as under ``jax.grad``. The primal is the plain solve's,
+    which no tangent reaches (so ``jax.jacfwd``'s primal stays unbatched); the tangent's solve
+    takes its own steps. (A ``jax.custom_jvp``: JAX refuses forward mode through the custom VJP
+    the reverse pass uses, and its fallback differentiates the loops with the steps held.)"""
+    consts, with_consts = problem.traced_constants()
+    plain = lambda p: dataclasses.replace(p, plan=dataclasses.replace(p.plan, lanes=lanes))
+
+    def run(y0, args_diff, consts):
+        p = plain(with_consts(consts))
+        return p.forward(y0, p.with_args(args_diff))._replace(record={})
+
+    solve = jax.custom_jvp(run)
+
+    def solve_jvp(primals, tangents):
+        y0, args_diff, consts = primals
+        dy0, dargs, dconsts = tangents
+        if not all(isinstance(t, SymbolicZero) for t in jax.tree.leaves(dconsts)):
+            raise ValueError(HOLDS_CONSTANT)
+        dy0, dargs = instantiate_zeros((dy0, dargs))
+        out = run(y0, args_diff, consts)
+        one = lambda tree: jax.tree.map(lambda x: jnp.asarray(x)[None], tree)
+        p = plain(with_consts(consts))
+        _, (dy1, dts_ys, _, _) = _augmented_solve(p, y0, args_diff, one(dy0), one(dargs))
+        tangent = jax.tree.map(_zero_tangent, out)
+        first = lambda tree: None if tree is None else jax.tree.map(lambda x: x[0], tree)
+        return out, tangent._replace(y1=first(dy1), ts_ys=first(dts_ys))
+
+    solve.defjvp(solve_jvp, symbolic_zeros=True)
+    return solve(problem.y0, problem.args_diff, consts)
+
+
+def _zero_tangent(x):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.zeros_like(x)
+    return np.zeros(x.shape, jax.dtypes.float0)
 
 
 def _augmented_solve(problem: Problem, y0, args_diff, dy0, dargs):
