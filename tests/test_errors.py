@@ -364,8 +364,10 @@ def test_failed_backward_solve_raises_or_gives_nan():
 def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
     """A backward solve that goes non-finite from a finite adjoint raises with throw (float32
     Robertson with Kvaerno5 and Interpolating: Newton failed at every step size at t = 10, and
-    the gradient was nan without a word; Backsolve too, whose re-integrated state stayed
-    finite and within its drift limit then); a nan the loss brings in stays the gradient's nan."""
+    the gradient was nan without a word, until Newton stopped at the arithmetic's resolution:
+    it now matches float64's; here a vjp that overflows below t = 0.5 stands in; Backsolve
+    too, whose re-integrated state stayed finite and within its drift limit then); a nan the
+    loss brings in stays the gradient's nan."""
     rob = lambda t, y, k: jnp.stack([
         -k[0] * y[0] + k[1] * y[1] * y[2],
         k[0] * y[0] - k[1] * y[1] * y[2] - k[2] * y[1] ** 2,
@@ -373,14 +375,25 @@ def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
     ])  # fmt: skip
 
     def loss(lk, adjoint=None, atol=1e-8):
-        sol = og.solve(rob, jnp.array([1.0, 0.0, 0.0], jnp.float32), (0.0, 10.0), jnp.exp(lk),
+        sol = og.solve(rob, jnp.array([1.0, 0.0, 0.0], lk.dtype), (0.0, 10.0), jnp.exp(lk),
                        solver=og.Kvaerno5(), step=og.Adaptive(rtol=1e-5, atol=atol),
                        adjoint=adjoint or og.Interpolating())  # fmt: skip
         return sol.ys[-1, 0]
 
     lk = jnp.log(jnp.array([0.04, 1e4, 3e7], jnp.float32))
-    with pytest.raises(Exception, match=r"went non-finite from a finite adjoint.*at t=10"):
-        jax.jit(jax.grad(loss))(lk)
+    g32 = jax.jit(jax.grad(loss))(lk)
+    g64 = jax.jit(jax.grad(lambda lk: loss(lk, og.Discrete())))(lk.astype(jnp.float64))
+    np.testing.assert_allclose(g32, g64, rtol=1e-4)  # (it raised: see above)
+
+    def overflowing_vjp(t, y, k, ct):
+        _, pull = jax.vjp(lambda y_, k_: -k_ * y_, y, k)
+        cy, ck = pull(ct)
+        return jnp.where(t < 0.5, jnp.inf, 1.0) * cy, ck
+
+    adjoint = og.Interpolating(vjp=overflowing_vjp)
+    overflows = lambda k: og.solve(lambda t, y, k: -k * y, Y0, (0.0, 1.0), k, adjoint=adjoint)
+    with pytest.raises(Exception, match=r"went non-finite from a finite adjoint.*at t=0.5"):
+        jax.jit(jax.grad(lambda k: overflows(k).ys.sum()))(1.0)
     backsolve = jax.jit(jax.grad(lambda lk: loss(lk, og.Backsolve(), atol=1e-6)))
     # (its drift check, relative to the state since, sees it first)
     raised = r"Backsolve: the (backward .* non-finite .*at t=9.9|state .* drifted)"

@@ -548,21 +548,23 @@ def _recorders_for(plan: SavePlan, record: tuple[Recorder, ...], events) -> list
     return [*recorders, *record]
 
 
-def dense_evaluate(solver, dense, tau, side: str = "right", toward=None):
+def dense_evaluate(solver, dense, tau, side: str = "right", toward=None, at=None):
     """The state at forward time ``tau`` from a loop's dense output ``(starts, sizes, data, n)``
     (no step taken, ``n = 0``: meaningless, and finite).
 
     At a step boundary it reads the step that starts there (``side="right"``) or ends there
     (``"left"``: the state just before an event's jump); with ``toward``, the step on the side
-    of that time (an integration over an interval passes its midpoint)."""
+    of that time (an integration over an interval passes its midpoint). With ``at``, the step
+    is the one at ``at`` (by the same rules), its interpolant evaluated at ``tau``."""
     starts, sizes, data, n = dense[:4]
+    loc = tau if at is None else at
     # a few rows (a window of steps): one comparison each, no binary-search loop to compile
     method = "compare_all" if starts.shape[0] <= 16 else "scan"
-    search = lambda side_: jnp.searchsorted(starts, tau, side=side_, method=method)
+    search = lambda side_: jnp.searchsorted(starts, loc, side=side_, method=method)
     if toward is None:
         k = search(side) - 1
     else:
-        k = jnp.where(toward < tau, search("left"), search("right")) - 1
+        k = jnp.where(toward < loc, search("left"), search("right")) - 1
     # row 0 (zeros, size 1) where no step was taken: finite, so that the caller's select of
     # y0 there (Solution.evaluate) passes no nan to a gradient
     k = jnp.clip(k, 0, jnp.maximum(n - 1, 0))

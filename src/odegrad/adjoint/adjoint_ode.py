@@ -375,7 +375,8 @@ class _Continuous(AbstractAdjoint):
             within = ends = None
             fns = pointwise
             if problem.events is not None:
-                within = 0.5 * (hi + lo)
+                # the interval itself: y is read from its steps alone (see sources._from_dense)
+                within = (lo, hi)
                 with_args = problem.with_args(args_diff)
                 ends = IntervalEnds.find(problem.events, keep["events"], s, hi, lo, with_args)
                 if problem.events.hold is not None and self.vjp is None:
