@@ -560,8 +560,8 @@ def test_second_derivatives_through_events_are_refused(second):
     "solver, adjoint",
     [
         (og.Rodas5P(), og.Interpolating()),  # (backward: Kvaerno5, its adjoint_solver)
-        (og.Tsit5(), og.Interpolating(solver=og.Kvaerno5())),
-        (og.Kvaerno5(), og.Quadrature()),
+        pytest.param(og.Tsit5(), og.Interpolating(solver=og.Kvaerno5()), marks=pytest.mark.slow),
+        pytest.param(og.Kvaerno5(), og.Quadrature(), marks=pytest.mark.slow),
     ],
     ids=["rodas5p-interpolating", "tsit5-kvaerno5-backward", "kvaerno5-quadrature"],
 )
