@@ -667,7 +667,7 @@ def test_nonfinite_start_under_vmap_names_the_member():
     assert np.all(np.isfinite(np.asarray(sols.ys[0])))
 
 
-@pytest.mark.parametrize("on_mesh", [False, True])
+@pytest.mark.parametrize("on_mesh", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_leaves_located_on_the_device_on_a_mesh(on_mesh):
     """On a mesh, leaves reach the error's callback as their first non-finite index and kind,
     not whole (a sharded field would be gathered onto one device; test_scaleout checks that no
