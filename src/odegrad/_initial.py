@@ -110,10 +110,9 @@ def _summary(x):
     return jnp.stack([jnp.where(first < x.size, first, -1), kind]).astype(jnp.int32)
 
 
-def _summaries(leaves) -> tuple[list, tuple[bool, ...]]:
-    """``leaves`` with each large inexact leaf replaced by its :func:`_summary`, and which were."""
-    which = tuple(_summarised(x) for x in leaves)
-    return [_summary(x) if s else x for x, s in zip(leaves, which, strict=True)], which
+def _summaries(leaves, which) -> list:
+    """``leaves``, those flagged in ``which`` (:func:`_summarised`) as their :func:`_summary`."""
+    return [_summary(x) if s else x for x, s in zip(leaves, which, strict=True)]
 
 
 def _first_entry(leaves, summarised=None) -> tuple[int, int, int]:
@@ -205,11 +204,12 @@ def failure_locator(problem, out, y_start, t0):
 
     y_leaves = jax.tree.leaves(y_start)
     y_sizes = [int(np.prod(jnp.shape(x))) for x in y_leaves]
-    summarised = [_summaries(x)[1] for x in (y_leaves, y_leaves, *problem.args[:2])]
+    summarised = [tuple(map(_summarised, x)) for x in (y_leaves, y_leaves, *problem.args[:2])]
 
     def gather():
         f0 = jax.tree.leaves(_initial_derivative(problem, y_start))
-        start = [_summaries(x)[0] for x in (y_leaves, f0, *problem.args[:2])]
+        leaves = (y_leaves, f0, *problem.args[:2])
+        start = [_summaries(x, w) for x, w in zip(leaves, summarised, strict=True)]
         ran = (_rows_summarised(loop), problem.plan.ts, problem.tau0, t0, problem.direction)
         ran = (*ran, grid) if traced_grid else ran
         return jax.tree.map(jnp.asarray, ran), start
