@@ -434,7 +434,7 @@ def test_backsolve_drift_is_also_relative_to_the_state():
 
         return jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.array([1.0, 2.0]), 1.0)
 
-    drifted = r"drifted .* by \d\.\d+e\+05 tolerances \(more than 1e\+05"
+    drifted = r"drifted .* by \d\.\d+e\+05 tolerances .*\(the limit is 1e\+05.*unstable in reverse"
     with pytest.raises(Exception, match=drifted):
         grad(og.Backsolve(), 20.0)
     for got, want in zip(grad(og.Backsolve(), 5.0), grad(og.Interpolating(), 5.0), strict=True):
