@@ -588,3 +588,37 @@ def test_backward_stage_past_an_event_reads_its_own_side(solver, adjoint):
 
     p = jnp.array([1.0, 0.7, 0.8, 0.5])
     np.testing.assert_allclose(jax.jit(jax.grad(loss))(p), jax.grad(exact)(p), rtol=1e-8)
+
+
+def test_a_crossing_within_the_part_of_a_step_another_event_cuts():
+    """A ball thrown up from 1 at 2 m/s: its height crosses 1.1 upwards (event A) before its apex
+    (event B), and back down within the same step: over the whole step A shows no sign change,
+    only B's does. The step was cut at the apex, where A's sign had changed, and A was lost for
+    good; a terminal A ran the solve on to t1. The root search now takes in every event whose
+    sign changed up to its bracket's end, and starts again from the step's start."""
+    f = lambda t, y, g: jnp.stack([y[1], -g * jnp.ones_like(y[0])])
+    up = lambda t, y, g: y[0] - 1.1
+    apex = og.Event(lambda t, y, g: y[1], direction=-1, terminal=False)
+
+    def t_up(v, g):  # the first root of 1 + v t - g t^2 / 2 = 1.1
+        return (v - jnp.sqrt(v**2 - 2 * g * 0.1)) / g
+
+    for step in (og.Fixed(0.5), og.Adaptive(rtol=1e-3, atol=1e-3)):
+        events = [og.Event(up, direction=1, terminal=False), apex]
+        sol = og.solve(f, jnp.array([1.0, 2.0]), (0.0, 0.5), 9.81, events=events, step=step)
+        np.testing.assert_allclose(sol.events.ts[:2], [t_up(2.0, 9.81), 2.0 / 9.81], rtol=1e-12)
+        np.testing.assert_array_equal(sol.events.which[:2], [0, 1])
+
+    def end(v, g):
+        events = [og.Event(up, direction=1), apex]
+        y0 = jnp.stack([jnp.ones_like(v), v])
+        sol = og.solve(f, y0, (0.0, 0.5), g, events=events, step=og.Fixed(0.5))
+        return sol.ts[-1], sol.ys[-1, 1]
+
+    (t_end, v_end), grads = jax.jit(lambda v, g: jax.jvp(end, (v, g), (1.0, 0.5)))(2.0, 9.81)
+    want = jax.jvp(lambda v, g: (t_up(v, g), v - g * t_up(v, g)), (2.0, 9.81), (1.0, 0.5))
+    np.testing.assert_allclose((t_end, v_end), want[0], rtol=1e-12)
+    np.testing.assert_allclose(grads, want[1], rtol=1e-9)
+    adjoint_grad = jax.jit(jax.grad(lambda v, g: end(v, g)[1], argnums=(0, 1)))(2.0, 9.81)
+    want_grad = jax.grad(lambda v, g: v - g * t_up(v, g), argnums=(0, 1))(2.0, 9.81)
+    np.testing.assert_allclose(adjoint_grad, want_grad, rtol=1e-9)
