@@ -622,3 +622,26 @@ def test_a_crossing_within_the_part_of_a_step_another_event_cuts():
     adjoint_grad = jax.jit(jax.grad(lambda v, g: end(v, g)[1], argnums=(0, 1)))(2.0, 9.81)
     want_grad = jax.grad(lambda v, g: v - g * t_up(v, g), argnums=(0, 1))(2.0, 9.81)
     np.testing.assert_allclose(adjoint_grad, want_grad, rtol=1e-9)
+
+
+def test_dtmax_bounds_the_steps_so_a_brief_excursion_is_seen():
+    """A ball's height above 1.1 for 0.13 s: Tsit5 integrates the parabola exactly and takes
+    steps of 0.585 over it, with no sign change at their ends (documented); with
+    ``Adaptive(dtmax=0.01)`` no step is longer, and the upward crossing is located."""
+    f = lambda t, y, g: jnp.stack([y[1], -g * jnp.ones_like(y[0])])
+    v0 = 0.5 + np.sqrt(0.2 * 9.81)
+    t_up = (v0 - np.sqrt(v0**2 - 0.2 * 9.81)) / 9.81
+    ev = og.Event(lambda t, y, g: y[0] - 1.1, direction=1, terminal=False)
+    for dtmax, count in ((None, 0), (0.01, 1)):
+        step = og.Adaptive(rtol=1e-6, atol=1e-6, dtmax=dtmax)
+        sol = og.solve(f, jnp.array([1.0, v0]), (0.0, 1.0), 9.81, events=ev, step=step,
+                       saveat=og.SaveAt(steps=True))  # fmt: skip
+        assert int(sol.events.count) == count
+        ts = np.asarray(sol.ts)[np.isfinite(np.asarray(sol.ts))]
+        if dtmax is not None:
+            assert np.max(np.diff(ts)) <= dtmax * (1 + 1e-12)
+            np.testing.assert_allclose(sol.events.ts[0], t_up, rtol=1e-12)
+    with pytest.raises(ValueError, match="dtmax must be a positive"):
+        og.Adaptive(dtmax=0.0)
+    with pytest.raises(ValueError, match="dtmin must not exceed dtmax"):
+        og.Adaptive(dtmin=1.0, dtmax=0.1)

@@ -257,6 +257,8 @@ def _first_step(solver, control, f, args, s, tau0, tau1, y0, st0, st_evals, h_gu
         # under which a first step that fails would end the solve (y' = -y from t0 = 1e6 in
         # float32 starts below it, and grows).
         h0 = jnp.maximum(h0, eps * jnp.abs(tau0))
+        if control.dtmax is not None:
+            h0 = jnp.minimum(h0, jnp.asarray(control.dtmax, h0.dtype))
     return h0, init_evals, floor
 
 

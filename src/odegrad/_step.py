@@ -144,6 +144,12 @@ class Adaptive(AbstractStep):
       gains ROCK4 rejected 4x more steps on Robertson's problem.
 
     ``dt0=None`` picks the first step by Hairer & Wanner's algorithm (I, II.4, p. 169).
+    ``dtmax`` caps every step, forward and in the continuous adjoints' backward solves
+    (scipy's ``max_step``, diffrax's ``dtmax``): events are found by a sign change of ``cond``
+    between a step's ends, so a ``cond`` that crosses and comes back within one step goes
+    unseen; a step shorter than the shortest excursion sees it. ``dtmin``: a step the
+    controller would reject below this size fails the solve (``Result.dt_underflow``) rather
+    than shrinking further.
 
     ``rtol`` and ``atol`` may be given per entry (CVODES' vector ``abstol``, SciML's vector
     tolerances): an array (or a list of numbers) shaped like a single-array state, or a pytree of
@@ -175,6 +181,7 @@ class Adaptive(AbstractStep):
         >>> knots = jnp.arange(1.0, 10.0)   # a piecewise-constant input changes at each
         >>> step = og.Adaptive(jump_ts=knots)
         >>> step = og.Adaptive(step_ts=jnp.linspace(0.0, 10.0, 11))  # steps end on the data
+        >>> step = og.Adaptive(dtmax=0.05)  # no step longer than 0.05
     """
 
     rtol: float = 1e-6
@@ -188,6 +195,7 @@ class Adaptive(AbstractStep):
     icoeff: float | None = None
     jump_ts: Any = None
     step_ts: Any = None
+    dtmax: float | None = None
 
     def __post_init__(self):
         for name in ("jump_ts", "step_ts"):
@@ -214,11 +222,19 @@ class Adaptive(AbstractStep):
                     "Adaptive: rtol and atol cannot both be zero (for any entry): the error "
                     "of an entry at 0 would be divided by 0."
                 )
-        if self.dt0 is not None and _is_concrete(self.dt0) and not float(np.asarray(self.dt0)) > 0:
-            raise ValueError(
-                f"Adaptive(dt0={self.dt0}): dt0 must be positive (or None for an automatic "
-                "first step); the direction comes from t_span."
-            )
+        for name in ("dt0", "dtmin", "dtmax"):
+            v = getattr(self, name)
+            if v is not None and _is_concrete(v) and not float(np.asarray(v)) > 0:
+                raise ValueError(
+                    f"Adaptive({name}={v}): {name} must be a positive step size (or None); the "
+                    "direction comes from t_span."
+                )
+        if all(v is not None and _is_concrete(v) for v in (self.dtmin, self.dtmax)):
+            if not float(np.asarray(self.dtmin)) <= float(np.asarray(self.dtmax)):
+                raise ValueError(
+                    f"Adaptive(dtmin={self.dtmin}, dtmax={self.dtmax}): dtmin must not exceed "
+                    "dtmax."
+                )
         for name in ("pcoeff", "icoeff"):
             v = getattr(self, name)
             if v is not None and _is_concrete(v) and not float(np.asarray(v)) >= 0:
@@ -366,6 +382,8 @@ def adapt_step(
     accept = ratio <= 1
     factor = control.next_factor(ratio, ratio_prev, q, prev_floor, gains)
     h_next = h * jnp.where(accept, factor, jnp.minimum(factor, 1.0))
+    if control.dtmax is not None:
+        h_next = jnp.minimum(h_next, jnp.asarray(control.dtmax, h_next.dtype))
     # a nan step size (from a non-finite y0 or f at t0) never compares below the floor: it
     # underflows too, rather than being retried until max_steps
     underflow = ~accept & ~(h_next >= h_min)
