@@ -133,7 +133,10 @@ def test_classic_vs_cvodes(name, adjoint_name):
 
 DOPRI8_CASES = [
     pytest.param(
-        p, a, marks=() if (p, a) == ("lotka_volterra", "Interpolating") else slow, id=f"{p}-{a}"
+        p,
+        a,
+        marks=slow,
+        id=f"{p}-{a}",  # (Dopri8's dense output: test_solvers, in the default run)
     )
     for p in PROBLEM_NAMES
     for a in ADJOINTS

@@ -362,12 +362,36 @@ def test_failed_backward_solve_raises_or_gives_nan():
 
 
 def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
-    """A backward solve that goes non-finite from a finite adjoint raises with throw (float32
-    Robertson with Kvaerno5 and Interpolating: Newton failed at every step size at t = 10, and
-    the gradient was nan without a word, until Newton stopped at the arithmetic's resolution:
-    it now matches float64's; here a vjp that overflows below t = 0.5 stands in; Backsolve
-    too, whose re-integrated state stayed finite and within its drift limit then); a nan the
-    loss brings in stays the gradient's nan."""
+    """A backward solve that goes non-finite from a finite adjoint raises with throw (a vjp that
+    overflows below t = 0.5 stands in for float32 Robertson's, below; Backsolve too, whose
+    re-integrated state stays finite); a nan the loss brings in stays the gradient's nan."""
+
+    def overflowing_vjp(t, y, k, ct):
+        _, pull = jax.vjp(lambda y_, k_: -k_ * y_, y, k)
+        cy, ck = pull(ct)
+        return jnp.where(t < 0.5, jnp.inf, 1.0) * cy, ck
+
+    for adjoint in (og.Interpolating(vjp=overflowing_vjp), og.Backsolve(vjp=overflowing_vjp)):
+        overflows = lambda k, a=adjoint: og.solve(lambda t, y, k: -k * y, Y0, (0.0, 1.0), k,
+                                                  adjoint=a)  # fmt: skip
+        with pytest.raises(Exception, match=r"went non-finite from a finite adjoint.*at t=0.5"):
+            jax.jit(jax.grad(lambda k, o=overflows: o(k).ys.sum()))(1.0)
+    nan_loss = lambda y0: og.solve(decay, y0, (0.0, 1.0), adjoint=og.Interpolating()).ys.sum()
+    assert np.isnan(np.asarray(jax.grad(lambda y0: nan_loss(y0) * jnp.nan)(jnp.ones(2)))).all()
+    # a nan at a middle save (missing data), which the columns take in inside a backward step
+    ts = jnp.linspace(0.1, 1.0, 10)
+    w = jnp.where(jnp.arange(10) == 4, jnp.nan, 1.0)[:, None]
+    saves = lambda y0: og.solve(decay, y0, (0.0, 1.0), saveat=og.SaveAt(ts=ts),
+                                adjoint=og.Interpolating()).ys  # fmt: skip
+    assert np.isnan(np.asarray(jax.jit(jax.grad(lambda y0: jnp.sum(saves(y0) * w)))(Y0))).all()
+
+
+@pytest.mark.slow
+def test_float32_robertson_backward_solves():
+    """Float32 Robertson with Kvaerno5 and Interpolating: Newton failed at every step size at
+    t = 10, and the gradient was nan without a word, until Newton stopped at the arithmetic's
+    resolution: it now matches float64's. Backsolve's re-integration there fails, and says so
+    (its drift check, relative to the state, sees it first)."""
     rob = lambda t, y, k: jnp.stack([
         -k[0] * y[0] + k[1] * y[1] * y[2],
         k[0] * y[0] - k[1] * y[1] * y[2] - k[2] * y[1] ** 2,
@@ -384,29 +408,10 @@ def test_backward_solve_made_nonfinite_raises_loss_nan_does_not():
     g32 = jax.jit(jax.grad(loss))(lk)
     g64 = jax.jit(jax.grad(lambda lk: loss(lk, og.Discrete())))(lk.astype(jnp.float64))
     np.testing.assert_allclose(g32, g64, rtol=1e-4)  # (it raised: see above)
-
-    def overflowing_vjp(t, y, k, ct):
-        _, pull = jax.vjp(lambda y_, k_: -k_ * y_, y, k)
-        cy, ck = pull(ct)
-        return jnp.where(t < 0.5, jnp.inf, 1.0) * cy, ck
-
-    adjoint = og.Interpolating(vjp=overflowing_vjp)
-    overflows = lambda k: og.solve(lambda t, y, k: -k * y, Y0, (0.0, 1.0), k, adjoint=adjoint)
-    with pytest.raises(Exception, match=r"went non-finite from a finite adjoint.*at t=0.5"):
-        jax.jit(jax.grad(lambda k: overflows(k).ys.sum()))(1.0)
     backsolve = jax.jit(jax.grad(lambda lk: loss(lk, og.Backsolve(), atol=1e-6)))
-    # (its drift check, relative to the state since, sees it first)
     raised = r"Backsolve: the (backward .* non-finite .*at t=9.9|state .* drifted)"
     with pytest.raises(Exception, match=raised):
         backsolve(lk)
-    nan_loss = lambda y0: og.solve(decay, y0, (0.0, 1.0), adjoint=og.Interpolating()).ys.sum()
-    assert np.isnan(np.asarray(jax.grad(lambda y0: nan_loss(y0) * jnp.nan)(jnp.ones(2)))).all()
-    # a nan at a middle save (missing data), which the columns take in inside a backward step
-    ts = jnp.linspace(0.1, 1.0, 10)
-    w = jnp.where(jnp.arange(10) == 4, jnp.nan, 1.0)[:, None]
-    saves = lambda y0: og.solve(decay, y0, (0.0, 1.0), saveat=og.SaveAt(ts=ts),
-                                adjoint=og.Interpolating()).ys  # fmt: skip
-    assert np.isnan(np.asarray(jax.jit(jax.grad(lambda y0: jnp.sum(saves(y0) * w)))(Y0))).all()
 
 
 def test_eager_jacfwd_through_a_failed_solve_names_where():

@@ -112,8 +112,8 @@ def test_decay_analytic_both_modes():
     jac_expected = np.array(
         [[0.0, 0.0, 0.0], [k * y_s, 0.0, -k * y_s], [k * y_1, -k * y_1, 0.0]]
     )  # rows (t0, s, t1) by (d t0, d t1, d s)
-    reverse = np.stack(jax.jacrev(rows, argnums=(0, 1, 2))(t0, t1, s), axis=1)
-    forward = np.stack(jax.jacfwd(rows, argnums=(0, 1, 2))(t0, t1, s), axis=1)
+    reverse = np.stack(jax.jit(jax.jacrev(rows, argnums=(0, 1, 2)))(t0, t1, s), axis=1)
+    forward = np.stack(jax.jit(jax.jacfwd(rows, argnums=(0, 1, 2)))(t0, t1, s), axis=1)
     np.testing.assert_allclose(reverse, jac_expected, rtol=1e-8, atol=1e-10)
     np.testing.assert_allclose(forward, jac_expected, rtol=1e-8, atol=1e-10)
 

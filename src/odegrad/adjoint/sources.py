@@ -467,6 +467,11 @@ class Reintegrated(StateSource):
         # forward solve that ended non-finite failed (its result says so; the gradient is nan):
         # re-integrating from there is no drift
         drift = jnp.where(tree_all_finite(bwd.keep["y1"]), carry["drift"], 0)
+        # a backward solve that failed with its re-integrated state finite (its adjoint
+        # overflowed) stopped short of t0: its own report names where; that y0 is not reached
+        # is no drift
+        own = (carry["failed"] != 0) & tree_all_finite(carry["y"])
+        drift = jnp.where(own, 0, drift)
         control = bwd.problem.control
         limit = drift_limit(control.rtol if isinstance(control, Adaptive) else Adaptive().rtol)
         failed = any_member(jnp.any(drift > limit))
