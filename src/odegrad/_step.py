@@ -225,9 +225,10 @@ class Adaptive(AbstractStep):
         for name in ("dt0", "dtmin", "dtmax"):
             v = getattr(self, name)
             if v is not None and _is_concrete(v) and not float(np.asarray(v)) > 0:
+                none = "an automatic first step" if name == "dt0" else "no bound"
                 raise ValueError(
-                    f"Adaptive({name}={v}): {name} must be a positive step size (or None); the "
-                    "direction comes from t_span."
+                    f"Adaptive({name}={v}): {name} must be a positive step size (or None for "
+                    f"{none}); the direction comes from t_span."
                 )
         if all(v is not None and _is_concrete(v) for v in (self.dtmin, self.dtmax)):
             if not float(np.asarray(self.dtmin)) <= float(np.asarray(self.dtmax)):
