@@ -445,9 +445,17 @@ ADJOINTS = {
     "backsolve": og.Backsolve(),
     "quadrature": og.Quadrature(),
 }
+_JUMP_SLOW = ("forward", "backsolve", "quadrature")
 
 
-@pytest.mark.parametrize("adjoint", list(ADJOINTS.values()), ids=list(ADJOINTS))
+@pytest.mark.parametrize(
+    "adjoint",
+    [
+        # (Forward: test_switches.py's infusion; Backsolve: test_events.py, by default)
+        pytest.param(a, id=k, marks=[pytest.mark.slow] if k in _JUMP_SLOW else [])
+        for k, a in ADJOINTS.items()
+    ],
+)
 def test_value_jump_with_an_event(adjoint):
     """The same jump with an event on its surface: every adjoint adds the crossing's term.
 

@@ -297,6 +297,7 @@ def test_rock2_discrete_gradient_matches_finite_differences(adjoint):
     np.testing.assert_allclose(jnp.vdot(g_y, v), fd_y, rtol=1e-6)
 
 
+@pytest.mark.slow  # (ROCK2 with Interpolating by default: test_spectral_radius.py)
 def test_rock2_interpolating_gradient_close_to_discrete():
     f, _, x = heat(32)
     y0 = smooth_y0(x)

@@ -120,7 +120,7 @@ def _infusion_exact(p, big_t):
         pytest.param(a, id=k, marks=[pytest.mark.slow] if k in ("backsolve", "quadrature") else [])
         for k, a in ADJOINTS.items()
     ],
-)  # Backsolve, Quadrature: Interpolating's event mechanism (all six: test_kinks.py)
+)  # Backsolve, Quadrature: Interpolating's event mechanism (all six: test_kinks.py, -m slow)
 def test_infusion_stop_time(adjoint):
     """``dy(T)/dtau = rate exp(-k (T - tau))`` comes only from the crossing (pointwise,
     ``d f/d tau = 0``: without the event every adjoint gives 0). Vmapped over three stop times,
@@ -312,6 +312,7 @@ def test_switches_held_for_each_step():
         np.testing.assert_allclose(grads["discrete"][k], want[k], rtol=1e-8)
 
 
+@pytest.mark.slow  # (the mechanism: test_switches_held_for_each_step)
 def test_floor_held_for_each_step():
     """A staircase input ``rate floor(t / w)``: the level is held for each step (``floor``'s
     integer, read at the step's start), so the steps end on its jumps rather than straddle

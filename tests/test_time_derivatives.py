@@ -154,7 +154,7 @@ def test_forward_mode_under_jit_and_grad_of_jit():
     ts = jnp.linspace(0.0, 2.0, 5)
     exact = float(np.sum(-np.asarray(ts) * np.exp(-0.7 * np.asarray(ts))))
     for adjoint in (og.Discrete(), og.Interpolating(), og.Forward()):
-        for step in (TIGHT, og.Fixed(0.001)):
+        for step in (TIGHT, og.Fixed(0.01)):
 
             def saved(k, adjoint=adjoint, step=step):
                 sol = og.solve(lambda t, y, a: -a * y, jnp.ones(1), (0.0, 2.0), k, step=step,
