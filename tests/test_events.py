@@ -82,7 +82,10 @@ def impact(name):
 P_IMPACT = jnp.array([1.0, 2.0, 9.81])
 
 
-@pytest.mark.parametrize("name", EVERY_ADJOINT)
+@pytest.mark.parametrize(  # (Forward's: test_bouncing_ball_matches_closed_form)
+    "name",
+    [pytest.param(n, marks=pytest.mark.slow) if n == "Forward" else n for n in EVERY_ADJOINT],
+)
 def test_terminal_impact_matches_closed_form(name):
     value, jac = impact(name)(P_IMPACT)
     np.testing.assert_allclose(value, impact_exact(P_IMPACT), rtol=0, atol=1e-8)
@@ -227,10 +230,10 @@ def bounces(name):
 P_BOUNCE = jnp.array([1.0, 0.8, 9.81])
 
 
-@pytest.mark.parametrize(  # (Backsolve's events: test_terminal_impact_matches_closed_form)
-    "name",
-    [pytest.param(n, marks=pytest.mark.slow) if n == "Backsolve" else n for n in EVERY_ADJOINT],
-)
+@pytest.mark.parametrize(  # (Backsolve's and Discrete's: test_terminal_impact_matches_closed_form)
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ("Backsolve", "Discrete") else n
+             for n in EVERY_ADJOINT],
+)  # fmt: skip
 def test_bouncing_ball_matches_closed_form(name):
     (times, y_t), (d_times, d_y) = bounces(name)(P_BOUNCE)
     exact_times, exact_y = bounces_exact(P_BOUNCE)

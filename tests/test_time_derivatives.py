@@ -290,7 +290,9 @@ def test_constants_refuse_derivatives_and_static_grids_keep_forward_mode():
     np.testing.assert_allclose(tangent, -0.6 * np.exp(-0.42), rtol=1e-8)
 
 
-@pytest.mark.parametrize("adjoint", [og.Auto(), og.Discrete("all"), og.Discrete(2)], ids=repr)
+@pytest.mark.parametrize(
+    "adjoint", [og.Auto(), og.Discrete("all"), pytest.param(og.Discrete(2), marks=SLOW)], ids=repr
+)
 def test_step_grid_made_inside_jit_is_held_constant(adjoint):
     """og.StepTo(ts) with ts made inside the jitted loss from T: the grid is held constant by
     every adjoint, so a jax.grad outside the jit that reaches it raises. Auto and
