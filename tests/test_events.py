@@ -272,7 +272,9 @@ def _fall_or_pushed_up(t, y, args):
     return jnp.stack([y[1], jnp.where(y[0] > 0, -args["g"], 5.0)])
 
 
-@pytest.mark.parametrize("name", ["Discrete", "Interpolating"])
+@pytest.mark.parametrize(  # (Interpolating's jump term: test_kinks.py's value jump with an event)
+    "name", ["Discrete", pytest.param("Interpolating", marks=pytest.mark.slow)]
+)
 def test_bounce_on_a_surface_where_f_jumps(name):
     """After the bounce the ball leaves upwards, so the jump's ``f+`` is the falling side's even
     though the located state lies a hair below ground (where ``f`` pushes up): ``f+`` taken there
