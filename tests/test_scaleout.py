@@ -23,7 +23,9 @@ SRC = os.path.join(ROOT, "src")
 
 def run_case(case: str, devices: int, timeout: float = 600) -> dict:
     env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    # the suite's compile-time flags (conftest.py) are kept: without them a case compiles ~2x longer
+    flags = env.get("XLA_FLAGS", "")
+    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, env.get("PYTHONPATH")]))
     proc = subprocess.run(

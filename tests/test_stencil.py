@@ -364,14 +364,22 @@ LINEAR_CASES = [(name, nd) for name in LINEAR for nd in supported(name)]
 # float32 in 3-d (which also runs compiled) in the default run: one operator per kind and
 # axis pattern (one axis whole, one axis inner, two axes inner, every axis)
 FLOAT32_QUICK = ("d_xa", "d2_yi", "av_xzi", "av")
+# float64 in 1-d and 2-d in the default run: each kind whole and inner on each axis there
+FLOAT64_LOW_QUICK = ("d_xa", "d_yi", "d2_xi", "d2_ya", "av", "av_xi", "av_ya", "av_xya")
 
 
 def _dtype_cases():
     """float32 repeats float64's mechanism (the rule is the same code for every dtype) at a
     looser tolerance: slow tier (each case compiles on its own, ~1 s), except the 3-d cases of
-    ``FLOAT32_QUICK``; float64 runs every operator in every dimension by default, and
+    ``FLOAT32_QUICK``; float64 runs every operator in 3-d by default and those of
+    ``FLOAT64_LOW_QUICK`` in 1-d and 2-d (the same rules on fewer axes), and
     ``test_reverse_pass_pads_once`` compiles every operator's float32 VJP and JVP."""
-    quick = lambda name, nd, dt: dt is np.float64 or (nd == 3 and name in FLOAT32_QUICK)
+
+    def quick(name, nd, dt):
+        if dt is np.float64:
+            return nd == 3 or name in FLOAT64_LOW_QUICK
+        return nd == 3 and name in FLOAT32_QUICK
+
     return [
         pytest.param(name, nd, dt, marks=() if quick(name, nd, dt) else pytest.mark.slow)
         for name, nd in LINEAR_CASES
@@ -519,6 +527,7 @@ def test_reverse_pass_pads_once(name):
     assert hlo.count(" pad(") == 0, hlo
 
 
+@pytest.mark.slow  # 20 s; laplacian(pad=True)'s own rules run in the default tier above
 def test_padded_rhs_solves_and_differentiates_like_the_seed_form():
     # seed 001's rhs as one operator: the same ROCK2 solve (power iteration included, whose
     # JVPs run the primitive's linear rule) and the same gradient, through the Discrete adjoint

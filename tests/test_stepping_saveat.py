@@ -433,7 +433,7 @@ def test_blowup_fixed_traced_span_under_vmap():
 
 #: each adjoint with one step kind by default (Quadrature's start saves are Interpolating's)
 _EMPTY_SPAN_SLOW = ("fixed-quadrature", "adaptive-quadrature", "fixed-discrete3",
-                    "adaptive-interpolating")  # fmt: skip
+                    "adaptive-interpolating", "adaptive-auto")  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -114,13 +114,17 @@ def _infusion_exact(p, big_t):
     return rate / k * (1 - jnp.exp(-k * tau)) * jnp.exp(-k * (big_t - tau))
 
 
+# (Forward on the found events: test_switches_held_for_each_step)
+_INFUSION_SLOW = ("interpolating", "backsolve", "quadrature", "forward")
+
+
 @pytest.mark.parametrize(
     "adjoint",
     [
-        pytest.param(a, id=k, marks=[pytest.mark.slow] if k in ("backsolve", "quadrature") else [])
+        pytest.param(a, id=k, marks=[pytest.mark.slow] if k in _INFUSION_SLOW else [])
         for k, a in ADJOINTS.items()
     ],
-)  # Backsolve, Quadrature: Interpolating's event mechanism (all six: test_kinks.py, -m slow)
+)  # Interpolating on switching events: test_switch_on_the_start_time (all six: -m slow)
 def test_infusion_stop_time(adjoint):
     """``dy(T)/dtau = rate exp(-k (T - tau))`` comes only from the crossing (pointwise,
     ``d f/d tau = 0``: without the event every adjoint gives 0). Vmapped over three stop times,

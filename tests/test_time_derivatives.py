@@ -64,7 +64,7 @@ def central_differences(fun, args, index, eps=1e-5):
 
 SLOW = pytest.mark.slow
 ADJOINTS = [
-    "Auto",
+    pytest.param("Auto", marks=SLOW),  # (Auto's time gradients: test_kinked_rhs_time_gradients)
     "Discrete",
     "Interpolating",
     "Forward",
@@ -153,21 +153,25 @@ def test_forward_mode_under_jit_and_grad_of_jit():
     # jit trace's arrays of times: "No constant handler for type: DynamicJaxprTracer")
     ts = jnp.linspace(0.0, 2.0, 5)
     exact = float(np.sum(-np.asarray(ts) * np.exp(-0.7 * np.asarray(ts))))
-    for adjoint in (og.Discrete(), og.Interpolating(), og.Forward()):
-        for step in (TIGHT, og.Fixed(0.01)):
+    # (the custom VJPs on both kinds of grid, Forward on one: each case is its own program)
+    cases = [(og.Discrete(), og.Fixed(0.01)), (og.Interpolating(), TIGHT),
+             (og.Interpolating(), og.Fixed(0.01)), (og.Forward(), TIGHT)]  # fmt: skip
+    for adjoint, step in cases:
 
-            def saved(k, adjoint=adjoint, step=step):
-                sol = og.solve(lambda t, y, a: -a * y, jnp.ones(1), (0.0, 2.0), k, step=step,
-                               saveat=og.SaveAt(ts=ts), adjoint=adjoint)  # fmt: skip
-                return jnp.sum(sol.ys)
+        def saved(k, adjoint=adjoint, step=step):
+            sol = og.solve(lambda t, y, a: -a * y, jnp.ones(1), (0.0, 2.0), k, step=step,
+                           saveat=og.SaveAt(ts=ts), adjoint=adjoint)  # fmt: skip
+            return jnp.sum(sol.ys)
 
-            got = jax.grad(jax.jit(saved))(0.7)
-            np.testing.assert_allclose(got, exact, rtol=1e-6, err_msg=f"{adjoint} {step}")
+        got = jax.grad(jax.jit(saved))(0.7)
+        np.testing.assert_allclose(got, exact, rtol=1e-6, err_msg=f"{adjoint} {step}")
 
 
 @pytest.mark.parametrize(
     "adjoint",
-    [og.Auto(), og.Discrete(), pytest.param(og.Discrete("all"), marks=SLOW), og.Interpolating(),
+    # (Auto's grad of a jit: test_step_grid_made_inside_jit_is_held_constant)
+    [pytest.param(og.Auto(), marks=SLOW), og.Discrete(),
+     pytest.param(og.Discrete("all"), marks=SLOW), og.Interpolating(),
      pytest.param(og.Forward(), marks=SLOW), pytest.param(og.Backsolve(), marks=SLOW),
      pytest.param(og.Quadrature(), marks=SLOW)],
     ids=lambda a: repr(a),
