@@ -351,7 +351,16 @@ def test_differentiated_jump_times_are_refused():
         jax.eval_shape(jax.grad(y_end), 2.9)
     step = lambda tau: og.Adaptive(jump_ts=jax.lax.stop_gradient(jnp.stack([tau])))
     fine = lambda tau: og.solve(_table, 0.4, (0.0, 5.0), P, step=step(tau)).ys[-1]
-    jax.eval_shape(jax.grad(fine), 2.9)  # (stop_gradient: the times are data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        jax.eval_shape(jax.grad(fine), 2.9)  # (stop_gradient: the times are data)
+    # the same held times while f's switch moves with the differentiated tau: the jump's term
+    # is missing as without jump_ts (dy/dtau was a silent 0), so the solve warns as there
+    moved = lambda tau: og.solve(
+        _infusion_and_table, 0.4, (0.0, 5.0), dict(P, tau=tau, rate=1.5), step=step(tau)
+    ).ys[-1]
+    with pytest.warns(RuntimeWarning, match=r"no event there \(Adaptive\(jump_ts=\) ends"):
+        jax.eval_shape(jax.grad(moved), 2.9)
 
 
 def test_auto_keeps_discrete_across_unseen_time_switches():

@@ -147,6 +147,18 @@ def test_infusion_stop_time(adjoint):
         with pytest.warns(RuntimeWarning, match="a differentiated value moves .*_infusion"):
             blind = jax.jit(jax.grad(partial(y_end, events=None)))(1.2)
         assert float(blind) == 0.0
+        # an event that reads neither t nor tau cannot lie on the switch (it silenced the
+        # warning: a silent 0); the found events and one on t - tau can (traced only: the
+        # warnings are raised at trace time)
+        elsewhere = og.Event(lambda t, y, p: y - 100.0, terminal=False)
+        with pytest.warns(RuntimeWarning, match="a differentiated value moves .*_infusion"):
+            jax.eval_shape(jax.grad(partial(y_end, events=elsewhere)), 1.2)
+        by_hand = og.Event(lambda t, y, p: t - p["tau"], terminal=False)
+        for covered in ((*events, elsewhere), (by_hand, elsewhere)):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                jax.eval_shape(jax.grad(partial(y_end, events=covered)), 1.2)
+            assert not [w for w in caught if "differentiated value moves" in str(w.message)]
 
 
 _DOSES, _DOSE_T = 4, 7.0  # doses start at 0, P, 2P, 3P (P = 2.1) and last d

@@ -118,8 +118,8 @@ def check_times_constant(t_span, step, saveat):
             "it). Jump times are where steps end, constants like step sizes; a derivative with "
             "respect to a switching time is the jump of f times that time's derivative, which "
             "only an event gives: write the switch into f as a comparison (t < tau) and pass "
-            "events=og.switching_events(f, t0, y0, args). Where the times are data, wrap them "
-            "in jax.lax.stop_gradient."
+            "events=og.switching_events(f, t0, y0, args). Where the times are data that no "
+            "differentiated value moves, wrap them in jax.lax.stop_gradient."
         )
     for name, value in inputs.items():
         if differentiated(value):

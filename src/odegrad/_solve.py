@@ -40,7 +40,7 @@ from ._saving import SavePlan, assemble, static_slot_count
 from ._scaleout import explicit_mesh, on_auto_axes, solve_scope
 from ._solution import Result, Solution, check_result
 from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
-from ._switches import moved_time_switches, switch_holder
+from ._switches import may_lie_on_moved_switch, moved_time_switches, switch_holder
 from ._times import may_differentiate_times, solve_with_time_derivatives
 from ._tracers import derivative_levels, differentiated
 from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays
@@ -153,8 +153,8 @@ def _solve(
     """:func:`solve` once the inputs are on one device (or traced)."""
     adjoint = Auto() if adjoint is None else adjoint
     y0_user = y0
-    if events is None and getattr(step, "jump_ts", None) is None:
-        _warn_moved_time_switches(f, y0, t_span, args, solver)
+    # (jump_ts ends steps at a switch and adds no derivative term; an event elsewhere neither)
+    _warn_moved_time_switches(f, y0, t_span, args, solver, getattr(step, "jump_ts", None), events)
     problem, ctx = _build_problem(
         f, y0, t_span, args, solver, step, saveat, adjoint, max_steps, events, max_events
     )
@@ -222,11 +222,17 @@ def _warn_kinked_second_derivatives(f, t0, y0, args) -> None:
         )
 
 
-def _warn_moved_time_switches(f, y0, t_span, args, solver) -> None:
+def _warn_moved_time_switches(f, y0, t_span, args, solver, jump_ts=None, events=None) -> None:
     """Warn at trace time where ``f`` switches branch at a time that a differentiated value
     moves (``where(t < tau, rate, 0)``, ``tau`` differentiated) and the solve has no event
-    there: every adjoint differentiates ``f`` pointwise, and ``d/dtau`` misses the jump."""
+    there: every adjoint differentiates ``f`` pointwise, and ``d/dtau`` misses the jump.
+
+    Surfaces that ``og.switching_events`` entries among ``events`` cover are not named; an
+    event of the user's own whose ``cond`` reads ``t`` and a moved value (``t - tau``) is
+    taken to lie on them, one that reads neither (``y - 5``) cannot silence it."""
     if solver is not None and getattr(solver, "partitioned", False):
+        return
+    if differentiated(jump_ts):  # refused with its own message (_checks.check_times_constant)
         return
     cells = _closure_values(f)
     if not differentiated((y0, args, t_span, cells)):
@@ -236,12 +242,26 @@ def _warn_moved_time_switches(f, y0, t_span, args, solver) -> None:
         labels = moved_time_switches(f, t0, y0, args, differentiated)
     except Exception:  # a reader's limit is no reason to refuse the solve: none found
         return
+    if labels and events is not None:
+        listed = events if isinstance(events, (tuple, list)) else (events,)
+        conds = [getattr(e, "cond", None) for e in listed]  # (a non-Event: refused later)
+        found = [c.label for c in conds if getattr(c, "is_surface_entry", False)]
+        labels = [s for s in labels if not any(x == s or x.startswith(s + "[") for x in found)]
+        own = [c for c in conds if callable(c) and not getattr(c, "is_surface_entry", False)]
+        if labels and any(may_lie_on_moved_switch(c, t0, y0, args, differentiated) for c in own):
+            return  # (an event of the user's on t and the moved value: taken to lie on it)
     if labels:
+        jumps = (
+            ""
+            if jump_ts is None
+            else " (Adaptive(jump_ts=) ends the steps there, with the "
+            "times held constant: it adds no such term)"
+        )
         warn_user(
             f"og.solve: f switches branch at a time that a differentiated value moves "
-            f"({', '.join(labels)}), and the solve has no event there: no pointwise derivative "
-            "of f holds the jump's term, so the derivative with respect to that value misses "
-            "it (exactly 0 for where(t < tau, rate, 0)). Pass "
+            f"({', '.join(labels)}), and the solve has no event there{jumps}: no pointwise "
+            "derivative of f holds the jump's term, so the derivative with respect to that "
+            "value misses it (exactly 0 for where(t < tau, rate, 0)). Pass "
             "events=og.switching_events(f, t0, y0, args): each crossing is then located and "
             "its term added, by every adjoint."
         )

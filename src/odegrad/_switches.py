@@ -177,6 +177,22 @@ def moved_time_switches(f, t0, y0, args, moving) -> list[str]:
     return [label for label, h in zip(labels, hit, strict=True) if h]
 
 
+def may_lie_on_moved_switch(cond, t0, y0, args, moving) -> bool:
+    """Whether an event's ``cond(t, y, args)`` reads both ``t`` and a value ``moving(x)``
+    marks: only such an event can lie on a switch that value moves in time (``t - tau``);
+    ``y - 5`` cannot. Nothing runs; a cond this cannot read counts as one that may."""
+    try:
+        arrays, rebuild, _ = split_arrays(args)
+        closed = jax.make_jaxpr(lambda t, y, a: cond(t, y, rebuild(a)))(t0, y0, arrays)
+    except Exception:
+        return True
+    jaxpr, n_y = closed.jaxpr, len(jax.tree.leaves(y0))
+    arg_vars = jaxpr.invars[1 + n_y :]
+    seeds = [v for v, x in zip(arg_vars, jax.tree.leaves(arrays), strict=True) if moving(x)]
+    seeds += [v for v, c in zip(jaxpr.constvars, closed.consts, strict=True) if moving(c)]
+    return any(reached_outputs(jaxpr, jaxpr.invars[:1])) and any(reached_outputs(jaxpr, seeds))
+
+
 _ORDERINGS = _RELATIONS | {"lt_to", "le_to"}
 
 
