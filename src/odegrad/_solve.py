@@ -154,7 +154,8 @@ def _solve(
     adjoint = Auto() if adjoint is None else adjoint
     y0_user = y0
     # (jump_ts ends steps at a switch and adds no derivative term; an event elsewhere neither)
-    _warn_moved_time_switches(f, y0, t_span, args, solver, getattr(step, "jump_ts", None), events)
+    jump_ts, listed = getattr(step, "jump_ts", None), prepare_events(events, max_events)
+    _warn_moved_time_switches(f, y0, t_span, args, solver, jump_ts, listed)
     problem, ctx = _build_problem(
         f, y0, t_span, args, solver, step, saveat, adjoint, max_steps, events, max_events
     )
@@ -222,7 +223,7 @@ def _warn_kinked_second_derivatives(f, t0, y0, args) -> None:
         )
 
 
-def _warn_moved_time_switches(f, y0, t_span, args, solver, jump_ts=None, events=None) -> None:
+def _warn_moved_time_switches(f, y0, t_span, args, solver, jump_ts=None, events=()) -> None:
     """Warn at trace time where ``f`` switches branch at a time that a differentiated value
     moves (``where(t < tau, rate, 0)``, ``tau`` differentiated) and the solve has no event
     there: every adjoint differentiates ``f`` pointwise, and ``d/dtau`` misses the jump.
@@ -242,12 +243,11 @@ def _warn_moved_time_switches(f, y0, t_span, args, solver, jump_ts=None, events=
         labels = moved_time_switches(f, t0, y0, args, differentiated)
     except Exception:  # a reader's limit is no reason to refuse the solve: none found
         return
-    if labels and events is not None:
-        listed = events if isinstance(events, (tuple, list)) else (events,)
-        conds = [getattr(e, "cond", None) for e in listed]  # (a non-Event: refused later)
-        found = [c.label for c in conds if getattr(c, "is_surface_entry", False)]
+    if labels and events:
+        entry = lambda e: getattr(e.cond, "is_surface_entry", False)
+        found = [e.cond.label for e in events if entry(e)]
         labels = [s for s in labels if not any(x == s or x.startswith(s + "[") for x in found)]
-        own = [c for c in conds if callable(c) and not getattr(c, "is_surface_entry", False)]
+        own = [e.cond for e in events if not entry(e)]
         if labels and any(may_lie_on_moved_switch(c, t0, y0, args, differentiated) for c in own):
             return  # (an event of the user's on t and the moved value: taken to lie on it)
     if labels:

@@ -168,13 +168,17 @@ def moved_time_switches(f, t0, y0, args, moving) -> list[str]:
         return [g() for g, *_ in found]
 
     closed = jax.make_jaxpr(surfaces)(t0, y0, arrays)
-    jaxpr = closed.jaxpr
-    n_args = len(jax.tree.leaves(arrays))
-    marks = [False] * (len(jaxpr.invars) - n_args) + [moving(x) for x in jax.tree.leaves(arrays)]
-    seeds = [v for v, m in zip(jaxpr.invars, marks, strict=True) if m]
-    seeds += [v for v, c in zip(jaxpr.constvars, closed.consts, strict=True) if moving(c)]
-    hit = reached_outputs(jaxpr, seeds)
+    hit = reached_outputs(closed.jaxpr, _moving_vars(closed, arrays, moving))
     return [label for label, h in zip(labels, hit, strict=True) if h]
+
+
+def _moving_vars(closed, arrays, moving) -> list:
+    """The variables of ``closed`` (a jaxpr of ``(t, y, arrays)``, ``arrays`` its last inputs)
+    that hold a value ``moving(x)`` marks: inputs from ``arrays`` and closed-over constants."""
+    jaxpr, leaves = closed.jaxpr, jax.tree.leaves(arrays)
+    inputs = jaxpr.invars[len(jaxpr.invars) - len(leaves) :]
+    seeds = [v for v, x in zip(inputs, leaves, strict=True) if moving(x)]
+    return seeds + [v for v, c in zip(jaxpr.constvars, closed.consts, strict=True) if moving(c)]
 
 
 def may_lie_on_moved_switch(cond, t0, y0, args, moving) -> bool:
@@ -186,10 +190,7 @@ def may_lie_on_moved_switch(cond, t0, y0, args, moving) -> bool:
         closed = jax.make_jaxpr(lambda t, y, a: cond(t, y, rebuild(a)))(t0, y0, arrays)
     except Exception:
         return True
-    jaxpr, n_y = closed.jaxpr, len(jax.tree.leaves(y0))
-    arg_vars = jaxpr.invars[1 + n_y :]
-    seeds = [v for v, x in zip(arg_vars, jax.tree.leaves(arrays), strict=True) if moving(x)]
-    seeds += [v for v, c in zip(jaxpr.constvars, closed.consts, strict=True) if moving(c)]
+    jaxpr, seeds = closed.jaxpr, _moving_vars(closed, arrays, moving)
     return any(reached_outputs(jaxpr, jaxpr.invars[:1])) and any(reached_outputs(jaxpr, seeds))
 
 
