@@ -11,7 +11,11 @@ optimistix Newton root finder; diffrax has terminal events only).
   ``rate exp(-k (T - tau))``, with ``og.switching_events``, a hand-written event, none, and
   diffrax (which, like odegrad without an event, differentiates ``f`` pointwise);
 * repeated doses written ``where(t % P < d, rate, 0)``, ``dy(7)/dP`` vmapped over 64 periods
-  against the closed form, the same ways.
+  against the closed form, the same ways;
+* the cost of reading ``cond`` inside each step (``og.Event(interp_points=...)``, which finds a
+  crossing and return within one step): the bouncing ball's gradient, the impact time's
+  gradient under vmap(64), the infusion's, and a 3-D heat equation (48^3) stopped when the mean
+  of its square or one point's value halves, with 0, 3 (the default) and 10 points.
 
 Tsit5, ``rtol = atol = 1e-10``, float64.
 
@@ -21,6 +25,7 @@ Tsit5, ``rtol = atol = 1e-10``, float64.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -180,11 +185,105 @@ def timed_rows(solves, f, big_t, params, example, xs, exact, rounds):
     return rows
 
 
+def _interp(events, k):
+    """``events`` (one or a tuple) reading ``cond`` at ``k`` points inside each step."""
+    if isinstance(events, og.Event):
+        return dataclasses.replace(events, interp_points=k)
+    return tuple(dataclasses.replace(e, interp_points=k) for e in events)
+
+
+def heat_until(n: int = 48):
+    """``(p, events) -> t_stop`` and two events for a 3-D heat equation on ``n^3`` points
+    (periodic, ``p`` its diffusivity; Tsit5 at rtol 1e-6): the mean of ``y^2`` falls to half its
+    start (a ``cond`` that reads the whole field, so each point inside a step interpolates the
+    whole state), or one point's value halves (XLA interpolates that point only)."""
+    x = jnp.linspace(0, 2 * jnp.pi, n, endpoint=False)
+    y0 = jnp.sin(x)[:, None, None] * jnp.cos(x)[None, :, None] * (1 + 0.5 * jnp.sin(2 * x))
+    lap = lambda u: sum(jnp.roll(u, 1, a) + jnp.roll(u, -1, a) - 2 * u for a in range(3))
+    f = lambda t, y, p: p * lap(y) * (n / (2 * jnp.pi)) ** 2
+    half, at = 0.5 * jnp.mean(y0**2), 0.5 * y0[5, 3, 7]
+    mean = og.Event(lambda t, y, p: jnp.mean(y**2) - half, direction=-1)
+    point = og.Event(lambda t, y, p: y[5, 3, 7] - at)
+
+    def t_stop(p, events):
+        sol = og.solve(f, y0, (0.0, 10.0), p, events=events, step=og.Adaptive(1e-6, 1e-6))
+        return sol.ts[-1]
+
+    return t_stop, mean, point
+
+
+def interp_points_rows(rounds: int):
+    """Rows: each workload's time with ``cond`` read at 0, 3 and 10 points inside each step."""
+    p_bn = te.P_BOUNCE
+    batch = jnp.stack([jnp.linspace(0.5, 4.0, 64), jnp.full(64, 2.0), jnp.full(64, 9.81)], 1)
+    inf_p = {"k": 0.7, "rate": 2.0, "tau": 1.2}
+    found = og.switching_events(infusion, 0.0, 0.0, inf_p)
+    heat, mean, point = heat_until()
+
+    def bounce(k):
+        def h_end(p):
+            sol = og.solve(te.fall, jnp.stack([p[0], 0.0 * p[0]]), (0.0, te.T_BOUNCE),
+                           {"e": p[1], "g": p[2]}, events=_interp(te.BOUNCE, k), step=te.TIGHT,
+                           max_events=16)  # fmt: skip
+            return sol.ys[-1, 0]
+
+        g = jax.jit(jax.grad(h_end))
+        return lambda: g(p_bn)
+
+    def impact(k):
+        def t_star(p):
+            sol = og.solve(te.fall, p[:2], (0.0, 5.0), {"g": p[2]}, events=_interp(te.HIT, k),
+                           step=te.TIGHT)  # fmt: skip
+            return sol.ts[-1]
+
+        g = jax.jit(jax.vmap(jax.grad(t_star)))
+        return lambda: g(batch)
+
+    def infusion_grad(k):
+        def y_end(tau):
+            sol = og.solve(infusion, 0.0, (0.0, 3.0), dict(inf_p, tau=tau),
+                           events=_interp(found, k), step=og.Adaptive(1e-8, 1e-8))  # fmt: skip
+            return sol.ys[-1]
+
+        g = jax.jit(jax.vmap(jax.grad(y_end)))
+        taus = jnp.linspace(0.2, 2.8, 64)
+        return lambda: g(taus)
+
+    def heat_stop(event):
+        def make(k):
+            g = jax.jit(lambda p: heat(p, _interp(event, k)))
+            return lambda: g(0.1)
+
+        return make
+
+    workloads = {
+        "bouncing ball, grad h(T) (Auto)": bounce,
+        "impact, grad t*, vmap 64": impact,
+        "infusion, switching_events, grad, vmap 64": infusion_grad,
+        "heat 48^3 until mean(y^2) halves, t*": heat_stop(mean),
+        "heat 48^3 until one point's value halves, t*": heat_stop(point),
+    }
+    rows = []
+    for name, make in workloads.items():
+        calls = {k: make(k) for k in (0, 3, 10)}
+        values = {k: c() for k, c in calls.items()}
+        agree = max(max_err(values[k], values[0]) for k in calls)
+        t = interleaved_medians(calls, rounds, 5)
+        base = t[0].median
+        rows.append([name] + [f"{fmt_time(t[k].median)} ({t[k].median / base:.2f}x)" for k in calls]
+                    + [f"{agree:.1e}"])  # fmt: skip
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--interp-only", action="store_true", help="only the interp_points table")
     args = ap.parse_args(argv)
     warm_up_jax()
+    if args.interp_only:
+        print(interp_table(args.rounds))
+        return
     p_imp, p_bn = te.P_IMPACT, te.P_BOUNCE
     exact_imp, exact_dimp = te.impact_exact(p_imp), jax.jacfwd(te.impact_exact)(p_imp)
     exact_times, exact_y = te.bounces_exact(p_bn)
@@ -245,6 +344,13 @@ def main(argv=None):
     print("\n### doses every P (t % P < d): y(7) and dy(7)/dP, vmap 64, rtol 1e-8\n")
     head[1], head[2] = "steps / rejected / evals (P = 2.1)", "max error / max dy/dP"
     print(markdown_table(head, dose_rows(args.rounds)))
+    print(interp_table(args.rounds))
+
+
+def interp_table(rounds: int) -> str:
+    head = ["workload", "0 (ends only)", "3", "10", "max |difference| to 0"]
+    title = "\n### cond read inside each step: interp_points = 0, 3 (default), 10 (median)\n\n"
+    return title + markdown_table(head, interp_points_rows(rounds))
 
 
 if __name__ == "__main__":

@@ -631,23 +631,47 @@ def test_a_crossing_within_the_part_of_a_step_another_event_cuts():
     np.testing.assert_allclose(adjoint_grad, want_grad, rtol=1e-9)
 
 
-def test_dtmax_bounds_the_steps_so_a_brief_excursion_is_seen():
+def test_a_brief_excursion_inside_one_step_is_seen():
     """A ball's height above 1.1 for 0.13 s: Tsit5 integrates the parabola exactly and takes
-    steps of 0.585 over it, with no sign change at their ends (documented); with
-    ``Adaptive(dtmax=0.01)`` no step is longer, and the upward crossing is located."""
+    steps of 0.585 over it, with no sign change at their ends. The default reads ``cond`` at
+    three points inside each step and locates the upward crossing, its time's gradient exact;
+    ``interp_points=0`` compares the ends only and misses it (documented) unless
+    ``Adaptive(dtmax=0.01)`` shortens the steps."""
     f = lambda t, y, g: jnp.stack([y[1], -g * jnp.ones_like(y[0])])
+    t_up = lambda v0, g: (v0 - jnp.sqrt(v0**2 - 0.2 * g)) / g
     v0 = 0.5 + np.sqrt(0.2 * 9.81)
-    t_up = (v0 - np.sqrt(v0**2 - 0.2 * 9.81)) / 9.81
-    ev = og.Event(lambda t, y, g: y[0] - 1.1, direction=1, terminal=False)
-    for dtmax, count in ((None, 0), (0.01, 1)):
+
+    def first_crossing(v0, g, interp_points, dtmax, adjoint=None):
+        ev = og.Event(lambda t, y, g: y[0] - 1.1, direction=1, terminal=False,
+                      interp_points=interp_points)  # fmt: skip
         step = og.Adaptive(rtol=1e-6, atol=1e-6, dtmax=dtmax)
-        sol = og.solve(f, jnp.array([1.0, v0]), (0.0, 1.0), 9.81, events=ev, step=step,
-                       saveat=og.SaveAt(steps=True))  # fmt: skip
+        sol = og.solve(f, jnp.stack([1.0, v0]), (0.0, 1.0), g, events=ev, step=step,
+                       saveat=og.SaveAt(steps=True), adjoint=adjoint or og.Auto())  # fmt: skip
+        return sol.events.ts[0], sol.events.count, sol.ts
+
+    for interp_points, dtmax, count in ((None, None, 1), (0, None, 0), (0, 0.01, 1)):
+        t_star, n, ts = first_crossing(v0, 9.81, interp_points, dtmax)
+        assert int(n) == count
+        if count:
+            np.testing.assert_allclose(t_star, t_up(v0, 9.81), rtol=1e-12)
+        ts = np.asarray(ts)[np.isfinite(np.asarray(ts))]
+        assert np.max(np.diff(ts)) <= (dtmax or 1.0) * (1 + 1e-12)
+        assert dtmax or np.max(np.diff(ts)) > 0.5  # the excursion lies inside one step
+    want = jax.grad(t_up, argnums=(0, 1))(v0, 9.81)
+    for adjoint in (og.Auto(), og.Discrete()):
+        t_of = lambda v, g, a=adjoint: first_crossing(v, g, None, None, a)[0]
+        np.testing.assert_allclose(jax.jit(jax.grad(t_of, (0, 1)))(v0, 9.81), want, rtol=1e-9)
+    # the default reads the ends only on a state over 65536 entries (a PDE's fields); steps of
+    # 0.5 hold the excursion inside the first
+    big = lambda t, y, g: (f(t, y[0], g), jnp.zeros_like(y[1]))
+    for size, count in ((2**16 - 2, 1), (2**16 - 1, 0)):  # 65536 and 65537 entries
+        ev = og.Event(lambda t, y, g: y[0][0] - 1.1, direction=1, terminal=False)
+        sol = og.solve(big, (jnp.array([1.0, v0]), jnp.zeros(size)), (0.0, 1.0), 9.81,
+                       events=ev, step=og.Fixed(0.5))  # fmt: skip
         assert int(sol.events.count) == count
-        ts = np.asarray(sol.ts)[np.isfinite(np.asarray(sol.ts))]
-        if dtmax is not None:
-            assert np.max(np.diff(ts)) <= dtmax * (1 + 1e-12)
-            np.testing.assert_allclose(sol.events.ts[0], t_up, rtol=1e-12)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="interp_points"):
+            og.Event(lambda t, y, g: y[0], interp_points=bad)
     with pytest.raises(ValueError, match="dtmax must be a positive"):
         og.Adaptive(dtmax=0.0)
     with pytest.raises(ValueError, match="dtmin must not exceed dtmax"):

@@ -40,10 +40,18 @@ from jax import lax
 
 from ._batching import any_member
 from ._recorders import Recorder
-from ._roots import common_root
+from ._roots import common_root, earliest_piece
 from ._tree import tree_fill_rows, tree_set_row
 
 PyTree = Any
+
+#: points inside each step where an event's ``cond`` is read besides the ends, by default, for
+#: a state of at most ``INTERP_POINTS_MAX_STATE`` entries (SciML's ``ContinuousCallback`` reads
+#: 10 in all). A larger state (a PDE's fields) reads the ends only: a point there is a pass over
+#: the whole state when ``cond`` reads all of it (1.39x the solve at 48^3,
+#: ``benchmarks/events.py``), and such solves' steps are held short by stability, not accuracy
+INTERP_POINTS = 3
+INTERP_POINTS_MAX_STATE = 2**16
 
 
 @dataclass(frozen=True)
@@ -58,11 +66,21 @@ class Event:
             ``SaveAt(t1=True)``, later saves are ``inf``).
         update: ``update(t, y, args) -> y`` for a non-terminal event: the state jumps there and
             the solve continues. Without it a non-terminal event is only recorded.
+        interp_points: how many points inside each step ``cond`` is also read at, on the
+            step's dense output (``theta = k / (interp_points + 1)``); every event of a solve
+            is read at the most that any of them asks for. By default 3 for a state of at most
+            65536 entries and 0 (the ends only) for a larger one.
 
-    A crossing is found on each step from the signs of ``cond`` at its ends: two crossings in
-    one step cancel. A solve that starts on ``cond == 0`` does not fire at its start. After an
-    event the solve restarts on ``cond == 0``; the sign it leaves with is that of ``cond``'s
-    rate of change there, so a ball that bounces and falls back within one step still fires.
+    A crossing is found on each step from the signs of ``cond`` at its ends and at
+    ``interp_points`` equally spaced points of the step's dense output between them (as
+    SciML's ``ContinuousCallback``): a ``cond`` that crosses and comes back within one step is
+    seen when a point falls inside the excursion, and two crossings between neighbouring points
+    cancel. ``interp_points=0`` compares the ends only (as diffrax); each point costs one
+    interpolation of the state and one ``cond`` per step, a pass over the whole state where
+    ``cond`` reads all of it (``docs/events.md``). A solve that starts on ``cond == 0`` does not
+    fire at its start. After an event the solve restarts on ``cond == 0``; the sign it leaves
+    with is that of ``cond``'s rate of change there, so a ball that bounces and falls back within
+    one step still fires.
     A ``cond`` that changes sign by a jump (``t % P - d`` at ``t = P``) fires there once; its
     event time is differentiated through the jump's own surface (the ``rem`` in it).
 
@@ -70,12 +88,14 @@ class Event:
         >>> hit = og.Event(lambda t, y, args: y[0], direction=-1)   # height falls to zero
         >>> bounce = og.Event(lambda t, y, e: y[0], direction=-1, terminal=False,
         ...                   update=lambda t, y, e: y.at[1].multiply(-e))
+        >>> cool = og.Event(lambda t, y, args: y.mean() - 0.5, interp_points=0)  # ends only
     """
 
     cond: Callable
     direction: int = 0
     terminal: bool = True
     update: Callable | None = None
+    interp_points: int | None = None
 
     def __post_init__(self):
         if not callable(self.cond):
@@ -83,6 +103,13 @@ class Event:
         if self.direction not in (-1, 0, 1):
             raise ValueError(
                 f"Event(direction={self.direction!r}): use +1 (rising), -1 (falling) or 0 (both)."
+            )
+        k = self.interp_points
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(
+                f"Event(interp_points={k!r}): pass a non-negative int, the number of points "
+                "inside each step where cond is read besides its ends (0: the ends only), or "
+                "None for the default."
             )
         if self.update is not None and not callable(self.update):
             raise TypeError(f"Event(update={self.update!r}): update must be callable.")
@@ -124,11 +151,16 @@ class EventSet:
     #: (a surface entry's crossing by a jump never fires alone: the jump's own surface ties
     #: with it, see :meth:`locate`)
     surfaces: tuple = ()
+    #: points inside each step where every ``cond`` is read besides the ends
+    interp_points: int = 0
 
     @staticmethod
-    def build(events, event_fns, f, partitioned, max_events, hold=None) -> EventSet | None:
+    def build(
+        events, event_fns, f, partitioned, max_events, hold=None, state_size=0
+    ) -> EventSet | None:
         """The solve's :class:`Event` s with their ``(cond, update)`` on the solve's ``args``
-        (``event_fns``), ``f`` its right-hand side (a pair for a partitioned solver)."""
+        (``event_fns``), ``f`` its right-hand side (a pair for a partitioned solver),
+        ``state_size`` the state's entries (for the default ``interp_points``)."""
         if not events:
             return None
         full = f
@@ -146,6 +178,7 @@ class EventSet:
             surfaces=tuple(
                 e.cond.index if getattr(e.cond, "is_surface_entry", False) else None for e in events
             ),
+            interp_points=max(default_interp_points(e, state_size) for e in events),
         )
 
     def held(self, f, t, y, args, direction):
@@ -171,9 +204,23 @@ class EventSet:
         d = jnp.asarray(self.directions)
         return jnp.where(d > 0, rise, jnp.where(d < 0, fall, rise | fall))
 
-    def locate(self, interpolate, s, t, h, args, before, after, crossed):
+    def interior(self, interpolate, s, t, h, args):
+        """``(thetas, values)``: the points of the step ``[t, t + h]`` where every ``cond`` is
+        read, its ends included (``theta`` from 0 to 1), and the ``cond`` values at those inside
+        it (no derivative: they only decide where a crossing is)."""
+        n, dtype = self.interp_points, jnp.result_type(h)
+        thetas = [jnp.asarray(k / (n + 1), dtype) for k in range(n + 2)]
+        values = [
+            lax.stop_gradient(self.values(s * (t + theta * h), interpolate(theta), args))
+            for theta in thetas[1:-1]
+        ]
+        return thetas, values
+
+    def locate(self, interpolate, s, t, h, args, before, after, crossed, lo=0.0, hi=1.0):
         """``(theta, which)``: where in the step ``tau = t + theta h`` the earliest crossing is
-        (``theta`` in ``(0, 1]``; ``inf`` with none) and which event it is.
+        (``theta`` in ``(0, 1]``; ``inf`` with none) and which event it is; ``before`` and
+        ``after`` are the ``cond`` values at ``theta = lo`` and ``hi``, the piece of the step
+        searched.
 
         A ``cond`` may change sign by a jump rather than through zero (``rem(t, P) - d`` at
         ``t = P``, where ``rem`` itself jumps): that is no surface, and its implicit-function
@@ -194,7 +241,7 @@ class EventSet:
         # (the bracket itself as narrow as the time resolves, a quarter of the tie: the jump's
         # sides are read a few ulps from the located state, which must be that near its surface)
         _, hi, glo, ghi, crossed = common_root(
-            values_at, before, after, crossed, tie / 4, self.crossed
+            values_at, before, after, crossed, tie / 4, self.crossed, lo, hi
         )
         # the step ends past every tied crossing (an ulp apart): a rem's exact zero at t = P lies
         # before its jump when the solve runs backward in time, and its relation's jump would
@@ -246,6 +293,13 @@ class EventSet:
 
     def is_terminal(self, which):
         return jnp.asarray(self.terminal)[which]
+
+
+def default_interp_points(event: Event, state_size: int) -> int:
+    """``event.interp_points``, or the default for a state of ``state_size`` entries."""
+    if event.interp_points is not None:
+        return event.interp_points
+    return INTERP_POINTS if state_size <= INTERP_POINTS_MAX_STATE else 0
 
 
 SECOND_DERIVATIVES_THROUGH_EVENTS = (
@@ -498,12 +552,15 @@ def step_events(
     member of the batch crossed."""
     before, count = state.values, state.count
     after = events.values(s * t_end, res.y1, args)
-    crossed = events.crossed(before, after) & accept
+    interpolate = lambda theta: solver.interpolate(res.dense, theta)
+    thetas, inside = events.interior(interpolate, s, t, h, args)
+    crossed, lo, hi, glo, ghi = earliest_piece(
+        thetas, [before, *inside, after], lambda a, b: events.crossed(a, b) & accept
+    )
     fired = jnp.any(crossed)
 
     def located(_):
-        interpolate = lambda theta: solver.interpolate(res.dense, theta)
-        theta, which = events.locate(interpolate, s, t, h, args, before, after, crossed)
+        theta, which = events.locate(interpolate, s, t, h, args, glo, ghi, crossed, lo, hi)
         theta = jnp.where(fired, theta, 1.0)  # members that did not fire compute, then discard
         tau = jnp.where(theta >= 1, t_end, t + theta * h)
         t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args, s)

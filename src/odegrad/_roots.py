@@ -13,9 +13,10 @@ from ._batching import any_member
 ROOT_MAX_ITERATIONS = 64
 
 
-def common_root(values_at, g0, g1, crossed, tol, crossing):
+def common_root(values_at, g0, g1, crossed, tol, crossing, start=0.0, end=1.0):
     """The bracket ``(lo, hi, g(lo), g(hi), crossed)``, at most ``tol`` wide, around the
-    earliest crossing in ``[0, 1]`` of the events ``crossed`` (``g(0) = g0``, ``g(1) = g1``;
+    earliest crossing in ``[start, end]`` of the events ``crossed`` (``g(start) = g0``,
+    ``g(end) = g1``;
     ``values_at`` gives every event's ``cond`` at one ``theta``; ``crossing(ga, gb)``: which
     events cross between two such values). One secant point per iteration for all events, the
     earliest of their estimates, with the Illinois weight ``alpha`` on the end kept twice (the
@@ -26,10 +27,12 @@ def common_root(values_at, g0, g1, crossed, tol, crossing):
     An event that crossed and came back within the step shows no sign change over it, but does
     over ``[0, hi]`` once another event's crossing has pulled ``hi`` below its return (a ball's
     height through 1.1 and back within a step its apex, another event, cuts): that crossing
-    came first, perhaps below ``lo``, so it joins ``crossed`` and the search restarts from 0.
+    came first, perhaps below ``lo``, so it joins ``crossed`` and the search restarts from
+    ``start``.
     ``crossed`` only grows, so there are at most as many restarts as events."""
     one = jnp.ones((), g1.dtype)
     zero = jnp.zeros((), jnp.int32)
+    start, end = jnp.asarray(start, g1.dtype), jnp.asarray(end, g1.dtype)
 
     def cond(c):
         lo, hi, k, active = c[0], c[1], c[5], c[7]
@@ -57,7 +60,7 @@ def common_root(values_at, g0, g1, crossed, tol, crossing):
         new = run & below & crossing(g0, gx) & ~active
         restart = jnp.any(new)
         lo, glo = (
-            jnp.where(restart, 0 * one, jnp.where(below, lo, x)),
+            jnp.where(restart, start, jnp.where(below, lo, x)),
             jnp.where(restart, g0, jnp.where(below, glo, gx)),
         )
         pick = lambda a, b: jnp.where(run, a, b)
@@ -72,7 +75,25 @@ def common_root(values_at, g0, g1, crossed, tol, crossing):
             active | new,
         )
 
-    init = (0 * one, one, g0, g1, one, zero, zero, crossed)
+    init = (start, end, g0, g1, one, zero, zero, crossed)
     init = jax.tree.map(lax.stop_gradient, init)
     lo, hi, glo, ghi, *_, active = lax.while_loop(cond, body, init)
     return lo, hi, glo, ghi, active
+
+
+def earliest_piece(points, values, crossing):
+    """``(crossed, lo, hi, g(lo), g(hi))``: the earliest piece ``[points[k], points[k + 1]]``
+    over which some event crosses (``values[k]``: every event's ``cond`` at ``points[k]``;
+    ``crossing(ga, gb)``: which events cross between two such values), the events that cross
+    in it, and their values at its ends; the whole span, none crossed, when none does."""
+    dtype = jnp.result_type(values[0])
+    points = [jnp.asarray(p, dtype) for p in points]
+    crossed = jnp.zeros(jnp.shape(values[0]), bool)
+    lo, hi, glo, ghi = points[0], points[-1], values[0], values[-1]
+    for k in reversed(range(len(points) - 1)):  # an earlier piece that crosses wins
+        c = crossing(values[k], values[k + 1])
+        here = jnp.any(c)
+        crossed = jnp.where(here, c, crossed)
+        lo, hi = jnp.where(here, points[k], lo), jnp.where(here, points[k + 1], hi)
+        glo, ghi = jnp.where(here, values[k], glo), jnp.where(here, values[k + 1], ghi)
+    return crossed, lo, hi, glo, ghi

@@ -43,7 +43,7 @@ from ._step import AbstractStep, Adaptive, Fixed, StepTo, _as_time, _is_concrete
 from ._switches import may_lie_on_moved_switch, moved_time_switches, switch_holder
 from ._times import may_differentiate_times, solve_with_time_derivatives
 from ._tracers import derivative_levels, differentiated
-from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays
+from ._tree import hoist_closure, hoist_rhs, partition_args, split_arrays, tree_size
 from ._warn import warn_user
 from .adjoint.auto import Auto
 from .adjoint.base import AbstractAdjoint, Problem
@@ -385,7 +385,9 @@ def _build_problem(
         batch=batch,
         user_args=lambda a: user_args(a[0]),
         user_arrays=arrays_of,
-        events=EventSet.build(events, event_fns, f_args, solver.partitioned, max_events, hold),
+        events=EventSet.build(
+            events, event_fns, f_args, solver.partitioned, max_events, hold, tree_size(y0)
+        ),
     )
     ts_valid = save_times_valid(ts_tau, tau0, tau1)
     if isinstance(step, StepTo) and not all(map(_is_concrete, (grid, tau0, tau1))):
