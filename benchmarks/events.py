@@ -15,7 +15,8 @@ optimistix Newton root finder; diffrax has terminal events only).
 * the cost of reading ``cond`` inside each step (``og.Event(interp_points=...)``, which finds a
   crossing and return within one step): the bouncing ball's gradient, the impact time's
   gradient under vmap(64), the infusion's, and a 3-D heat equation (48^3) stopped when the mean
-  of its square or one point's value halves, with 0, 3 (the default) and 10 points.
+  of its square or one point's value halves, with 0, 3 (the default on adaptive steps and small
+  states) and 10 points.
 
 Tsit5, ``rtol = atol = 1e-10``, float64.
 
@@ -349,7 +350,7 @@ def main(argv=None):
 
 def interp_table(rounds: int) -> str:
     head = ["workload", "0 (ends only)", "3", "10", "max |difference| to 0"]
-    title = "\n### cond read inside each step: interp_points = 0, 3 (default), 10 (median)\n\n"
+    title = "\n### cond read inside each step: interp_points = 0, 3, 10 (median)\n\n"
     return title + markdown_table(head, interp_points_rows(rounds))
 
 

@@ -631,47 +631,84 @@ def test_a_crossing_within_the_part_of_a_step_another_event_cuts():
     np.testing.assert_allclose(adjoint_grad, want_grad, rtol=1e-9)
 
 
+def _ball(t, y, g):
+    return jnp.stack([y[1], -g * jnp.ones_like(y[0])])
+
+
+def _rises_past(v0, g):  # when a ball thrown up at v0 from 1 rises through 1.1
+    return (v0 - jnp.sqrt(v0**2 - 0.2 * g)) / g
+
+
+V0_EXCURSION = 0.5 + np.sqrt(0.2 * 9.81)  # above 1.1 for 0.26 s
+
+
+def _excursion(v0, g, interp_points=None, step=None, adjoint=None):
+    """``(first event time, count, step times)`` of the rise through 1.1 (not terminal)."""
+    ev = og.Event(lambda t, y, g: y[0] - 1.1, direction=1, terminal=False,
+                  interp_points=interp_points)  # fmt: skip
+    sol = og.solve(_ball, jnp.stack([1.0, v0]), (0.0, 1.0), g, events=ev,
+                   step=step or og.Adaptive(rtol=1e-6, atol=1e-6), saveat=og.SaveAt(steps=True),
+                   adjoint=adjoint or og.Auto())  # fmt: skip
+    return sol.events.ts[0], sol.events.count, sol.ts
+
+
 def test_a_brief_excursion_inside_one_step_is_seen():
-    """A ball's height above 1.1 for 0.13 s: Tsit5 integrates the parabola exactly and takes
-    steps of 0.585 over it, with no sign change at their ends. The default reads ``cond`` at
-    three points inside each step and locates the upward crossing, its time's gradient exact;
-    ``interp_points=0`` compares the ends only and misses it (documented) unless
-    ``Adaptive(dtmax=0.01)`` shortens the steps."""
-    f = lambda t, y, g: jnp.stack([y[1], -g * jnp.ones_like(y[0])])
-    t_up = lambda v0, g: (v0 - jnp.sqrt(v0**2 - 0.2 * g)) / g
-    v0 = 0.5 + np.sqrt(0.2 * 9.81)
-
-    def first_crossing(v0, g, interp_points, dtmax, adjoint=None):
-        ev = og.Event(lambda t, y, g: y[0] - 1.1, direction=1, terminal=False,
-                      interp_points=interp_points)  # fmt: skip
-        step = og.Adaptive(rtol=1e-6, atol=1e-6, dtmax=dtmax)
-        sol = og.solve(f, jnp.stack([1.0, v0]), (0.0, 1.0), g, events=ev, step=step,
-                       saveat=og.SaveAt(steps=True), adjoint=adjoint or og.Auto())  # fmt: skip
-        return sol.events.ts[0], sol.events.count, sol.ts
-
-    for interp_points, dtmax, count in ((None, None, 1), (0, None, 0), (0, 0.01, 1)):
-        t_star, n, ts = first_crossing(v0, 9.81, interp_points, dtmax)
+    """A ball's height above 1.1 for 0.26 s: Tsit5 integrates the parabola exactly, its steps
+    grow past it, and the excursion lies inside one step. The default reads ``cond`` at three
+    points inside each adaptive step and locates the upward crossing, its time's gradient
+    exact; ``interp_points=0`` compares the ends only and misses it (documented), and so does
+    the default on a fixed grid, where a step that does not resolve a transient would make
+    false events (`test_interp_points_edges`: the state-size rule, dtmax, Discrete)."""
+    v0 = V0_EXCURSION
+    for interp_points, step, count in (
+        (None, None, 1),
+        (0, None, 0),
+        (None, og.Fixed(0.5), 0),
+        (3, og.Fixed(0.5), 1),
+    ):
+        t_star, n, ts = _excursion(v0, 9.81, interp_points, step)
         assert int(n) == count
         if count:
-            np.testing.assert_allclose(t_star, t_up(v0, 9.81), rtol=1e-12)
+            np.testing.assert_allclose(t_star, _rises_past(v0, 9.81), rtol=1e-12)
         ts = np.asarray(ts)[np.isfinite(np.asarray(ts))]
-        assert np.max(np.diff(ts)) <= (dtmax or 1.0) * (1 + 1e-12)
-        assert dtmax or np.max(np.diff(ts)) > 0.5  # the excursion lies inside one step
-    want = jax.grad(t_up, argnums=(0, 1))(v0, 9.81)
-    for adjoint in (og.Auto(), og.Discrete()):
-        t_of = lambda v, g, a=adjoint: first_crossing(v, g, None, None, a)[0]
-        np.testing.assert_allclose(jax.jit(jax.grad(t_of, (0, 1)))(v0, 9.81), want, rtol=1e-9)
-    # the default reads the ends only on a state over 65536 entries (a PDE's fields); steps of
-    # 0.5 hold the excursion inside the first
-    big = lambda t, y, g: (f(t, y[0], g), jnp.zeros_like(y[1]))
-    for size, count in ((2**16 - 2, 1), (2**16 - 1, 0)):  # 65536 and 65537 entries
-        ev = og.Event(lambda t, y, g: y[0][0] - 1.1, direction=1, terminal=False)
-        sol = og.solve(big, (jnp.array([1.0, v0]), jnp.zeros(size)), (0.0, 1.0), 9.81,
-                       events=ev, step=og.Fixed(0.5))  # fmt: skip
-        assert int(sol.events.count) == count
+        assert np.max(np.diff(ts)) > 0.26  # the excursion lies inside one step
+    want = jax.grad(_rises_past, argnums=(0, 1))(v0, 9.81)
+    grad = jax.jit(jax.grad(lambda v, g: _excursion(v, g)[0], (0, 1)))
+    np.testing.assert_allclose(grad(v0, 9.81), want, rtol=1e-9)
+    # a fixed step that does not resolve a transient has a dense output far from the solution
+    # (ImplicitEuler's reads 3.6 inside the first step here, where y <= 1): no false event
+    sol = og.solve(lambda t, y, lam: -lam * (y - jnp.cos(t)), 0.0, (0.0, 3.0), 50.0,
+                   solver=og.ImplicitEuler(), step=og.Fixed(0.5),
+                   events=og.Event(lambda t, y, lam: y - 1.05))  # fmt: skip
+    assert int(sol.events.count) == 0 and float(sol.ts[-1]) == 3.0
+    assert og.Event(lambda t, y, g: y[0], interp_points=np.int64(2)).interp_points == 2
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="interp_points"):
             og.Event(lambda t, y, g: y[0], interp_points=bad)
+
+
+@pytest.mark.slow  # the default case: test_a_brief_excursion_inside_one_step_is_seen
+def test_interp_points_edges():
+    """``Adaptive(dtmax=0.01)`` finds the excursion with the ends only; Discrete's gradient
+    through the located piece; the default reads the ends only on a state over 65536 entries."""
+    v0 = V0_EXCURSION
+    t_star, n, ts = _excursion(v0, 9.81, 0, og.Adaptive(rtol=1e-6, atol=1e-6, dtmax=0.01))
+    assert int(n) == 1
+    np.testing.assert_allclose(t_star, _rises_past(v0, 9.81), rtol=1e-12)
+    assert np.max(np.diff(np.asarray(ts)[np.isfinite(np.asarray(ts))])) <= 0.01 * (1 + 1e-12)
+    want = jax.grad(_rises_past, argnums=(0, 1))(v0, 9.81)
+    t_of = lambda v, g: _excursion(v, g, adjoint=og.Discrete())[0]
+    np.testing.assert_allclose(jax.jit(jax.grad(t_of, (0, 1)))(v0, 9.81), want, rtol=1e-9)
+    big = lambda t, y, g: (_ball(t, y[0], g), jnp.zeros_like(y[1]))
+    halves = og.Adaptive(rtol=1e-6, atol=1e-6, dt0=0.5, dtmax=0.5)  # the excursion in one step
+    for size, count in ((2**16 - 2, 1), (2**16 - 1, 0)):  # 65536 and 65537 entries
+        ev = og.Event(lambda t, y, g: y[0][0] - 1.1, direction=1, terminal=False)
+        sol = og.solve(big, (jnp.array([1.0, v0]), jnp.zeros(size)), (0.0, 1.0), 9.81,
+                       events=ev, step=halves)  # fmt: skip
+        assert int(sol.events.count) == count
+
+
+def test_step_bounds_are_checked():
     with pytest.raises(ValueError, match="dtmax must be a positive"):
         og.Adaptive(dtmax=0.0)
     with pytest.raises(ValueError, match="dtmin must not exceed dtmax"):

@@ -30,6 +30,7 @@ inside each interval at its event ends
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -45,13 +46,20 @@ from ._tree import tree_fill_rows, tree_set_row
 
 PyTree = Any
 
-#: points inside each step where an event's ``cond`` is read besides the ends, by default, for
-#: a state of at most ``INTERP_POINTS_MAX_STATE`` entries (SciML's ``ContinuousCallback`` reads
-#: 10 in all). A larger state (a PDE's fields) reads the ends only: a point there is a pass over
-#: the whole state when ``cond`` reads all of it (1.39x the solve at 48^3,
-#: ``benchmarks/events.py``), and such solves' steps are held short by stability, not accuracy
+#: points inside each step where an event's ``cond`` is read besides the ends, by default, on
+#: adaptive steps and a state of at most ``INTERP_POINTS_MAX_STATE`` entries (SciML's
+#: ``ContinuousCallback`` reads 10 in all). Elsewhere the default reads the ends only:
+#: * a larger state (a PDE's fields): a point there is a pass over the whole state when
+#:   ``cond`` reads all of it (1.39x the solve at 48^3, ``benchmarks/events.py``), and such
+#:   solves' steps are held short by stability, not accuracy;
+#: * fixed grids (``Fixed``, ``StepTo``): a step that does not resolve a fast transient has a
+#:   dense output far from the solution inside it (ImplicitEuler's, 3.6 where y is 1 on
+#:   y' = -50 (y - cos t) with dt = 0.5), whose false crossings would end the solve.
 INTERP_POINTS = 3
 INTERP_POINTS_MAX_STATE = 2**16
+#: interior points read unrolled; more run as a loop of batches this size (``lax.map``), so
+#: the compile time does not grow with their number
+INTERP_POINTS_BATCH = 4
 
 
 @dataclass(frozen=True)
@@ -68,8 +76,9 @@ class Event:
             the solve continues. Without it a non-terminal event is only recorded.
         interp_points: how many points inside each step ``cond`` is also read at, on the
             step's dense output (``theta = k / (interp_points + 1)``); every event of a solve
-            is read at the most that any of them asks for. By default 3 for a state of at most
-            65536 entries and 0 (the ends only) for a larger one.
+            is read at the most that any of them asks for. By default 3 on adaptive steps with a
+            state of at most 65536 entries, else 0 (the ends only). The points are only as good
+            as the dense output: on a fixed grid that does not resolve a transient, give 0.
 
     A crossing is found on each step from the signs of ``cond`` at its ends and at
     ``interp_points`` equally spaced points of the step's dense output between them (as
@@ -105,7 +114,7 @@ class Event:
                 f"Event(direction={self.direction!r}): use +1 (rising), -1 (falling) or 0 (both)."
             )
         k = self.interp_points
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0):
             raise ValueError(
                 f"Event(interp_points={k!r}): pass a non-negative int, the number of points "
                 "inside each step where cond is read besides its ends (0: the ends only), or "
@@ -156,11 +165,11 @@ class EventSet:
 
     @staticmethod
     def build(
-        events, event_fns, f, partitioned, max_events, hold=None, state_size=0
+        events, event_fns, f, partitioned, max_events, hold=None, steps=(0, True)
     ) -> EventSet | None:
         """The solve's :class:`Event` s with their ``(cond, update)`` on the solve's ``args``
-        (``event_fns``), ``f`` its right-hand side (a pair for a partitioned solver),
-        ``state_size`` the state's entries (for the default ``interp_points``)."""
+        (``event_fns``), ``f`` its right-hand side (a pair for a partitioned solver);
+        ``steps = (state entries, adaptive)`` sets the default ``interp_points``."""
         if not events:
             return None
         full = f
@@ -178,7 +187,7 @@ class EventSet:
             surfaces=tuple(
                 e.cond.index if getattr(e.cond, "is_surface_entry", False) else None for e in events
             ),
-            interp_points=max(default_interp_points(e, state_size) for e in events),
+            interp_points=max(default_interp_points(e, *steps) for e in events),
         )
 
     def held(self, f, t, y, args, direction):
@@ -209,12 +218,13 @@ class EventSet:
         read, its ends included (``theta`` from 0 to 1), and the ``cond`` values at those inside
         it (no derivative: they only decide where a crossing is)."""
         n, dtype = self.interp_points, jnp.result_type(h)
-        thetas = [jnp.asarray(k / (n + 1), dtype) for k in range(n + 2)]
-        values = [
-            lax.stop_gradient(self.values(s * (t + theta * h), interpolate(theta), args))
-            for theta in thetas[1:-1]
-        ]
-        return thetas, values
+        thetas = jnp.arange(n + 2, dtype=dtype) / (n + 1)
+        read = lambda theta: self.values(s * (t + theta * h), interpolate(theta), args)
+        if n <= INTERP_POINTS_BATCH:  # a few: unrolled (measured faster than a vmap of them)
+            values = jnp.stack([read(theta) for theta in thetas[1:-1]])
+        else:  # many: one trace however many, a few states at once
+            values = lax.map(read, thetas[1:-1], batch_size=INTERP_POINTS_BATCH)
+        return thetas, lax.stop_gradient(values)
 
     def locate(self, interpolate, s, t, h, args, before, after, crossed, lo=0.0, hi=1.0):
         """``(theta, which)``: where in the step ``tau = t + theta h`` the earliest crossing is
@@ -295,11 +305,12 @@ class EventSet:
         return jnp.asarray(self.terminal)[which]
 
 
-def default_interp_points(event: Event, state_size: int) -> int:
-    """``event.interp_points``, or the default for a state of ``state_size`` entries."""
+def default_interp_points(event: Event, state_size: int, adaptive: bool) -> int:
+    """``event.interp_points``, or the default for a state of ``state_size`` entries on
+    adaptive steps or a fixed grid."""
     if event.interp_points is not None:
-        return event.interp_points
-    return INTERP_POINTS if state_size <= INTERP_POINTS_MAX_STATE else 0
+        return int(event.interp_points)
+    return INTERP_POINTS if adaptive and state_size <= INTERP_POINTS_MAX_STATE else 0
 
 
 SECOND_DERIVATIVES_THROUGH_EVENTS = (
@@ -553,10 +564,13 @@ def step_events(
     before, count = state.values, state.count
     after = events.values(s * t_end, res.y1, args)
     interpolate = lambda theta: solver.interpolate(res.dense, theta)
-    thetas, inside = events.interior(interpolate, s, t, h, args)
-    crossed, lo, hi, glo, ghi = earliest_piece(
-        thetas, [before, *inside, after], lambda a, b: events.crossed(a, b) & accept
-    )
+    if events.interp_points:
+        thetas, inside = events.interior(interpolate, s, t, h, args)
+        values = jnp.concatenate([before[None], inside.astype(before.dtype), after[None]])
+        crossing = lambda a, b: events.crossed(a, b) & accept
+        crossed, lo, hi, glo, ghi = earliest_piece(thetas, values, crossing)
+    else:
+        crossed, lo, hi, glo, ghi = events.crossed(before, after) & accept, 0.0, 1.0, before, after
     fired = jnp.any(crossed)
 
     def located(_):

@@ -83,17 +83,14 @@ def common_root(values_at, g0, g1, crossed, tol, crossing, start=0.0, end=1.0):
 
 def earliest_piece(points, values, crossing):
     """``(crossed, lo, hi, g(lo), g(hi))``: the earliest piece ``[points[k], points[k + 1]]``
-    over which some event crosses (``values[k]``: every event's ``cond`` at ``points[k]``;
-    ``crossing(ga, gb)``: which events cross between two such values), the events that cross
-    in it, and their values at its ends; the whole span, none crossed, when none does."""
-    dtype = jnp.result_type(values[0])
-    points = [jnp.asarray(p, dtype) for p in points]
-    crossed = jnp.zeros(jnp.shape(values[0]), bool)
-    lo, hi, glo, ghi = points[0], points[-1], values[0], values[-1]
-    for k in reversed(range(len(points) - 1)):  # an earlier piece that crosses wins
-        c = crossing(values[k], values[k + 1])
-        here = jnp.any(c)
-        crossed = jnp.where(here, c, crossed)
-        lo, hi = jnp.where(here, points[k], lo), jnp.where(here, points[k + 1], hi)
-        glo, ghi = jnp.where(here, values[k], glo), jnp.where(here, values[k + 1], ghi)
-    return crossed, lo, hi, glo, ghi
+    over which some event crosses (``values[k]``: every event's ``cond`` at ``points[k]``, one
+    row per point; ``crossing(ga, gb)``: which events cross between two such rows), the events
+    that cross in it, and their values at its ends; the whole span, none crossed, when none
+    does."""
+    pieces = crossing(values[:-1], values[1:])  # (pieces, events)
+    any_piece = jnp.any(pieces, axis=1)
+    found, k = jnp.any(any_piece), jnp.argmax(any_piece)
+    pick = lambda x, first, last: jnp.where(found, x[k + first], x[last])
+    crossed = pieces[k] & found
+    return (crossed, pick(points, 0, 0), pick(points, 1, -1), pick(values, 0, 0),
+            pick(values, 1, -1))  # fmt: skip

@@ -386,7 +386,13 @@ def _build_problem(
         user_args=lambda a: user_args(a[0]),
         user_arrays=arrays_of,
         events=EventSet.build(
-            events, event_fns, f_args, solver.partitioned, max_events, hold, tree_size(y0)
+            events,
+            event_fns,
+            f_args,
+            solver.partitioned,
+            max_events,
+            hold,
+            (tree_size(y0), isinstance(step, Adaptive)),
         ),
     )
     ts_valid = save_times_valid(ts_tau, tau0, tau1)
