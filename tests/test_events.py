@@ -687,6 +687,17 @@ def test_a_brief_excursion_inside_one_step_is_seen():
             og.Event(lambda t, y, g: y[0], interp_points=bad)
 
 
+def test_float64_cond_on_a_float32_state():
+    """A ``cond`` that returns float64 on a float32 state (x64 on): the dense output read for
+    it stays in the state's dtype, the located time in the time's (a raw dtype TypeError
+    before)."""
+    cond = lambda t, y, g: (y[0] - 1.1).astype(jnp.float64)
+    y0, step = jnp.array([1.0, V0_EXCURSION], jnp.float32), og.Adaptive(1e-5, 1e-5)
+    sol = og.solve(_ball, y0, (0.0, 1.0), jnp.float32(9.81), events=og.Event(cond), step=step)
+    assert sol.ys.dtype == jnp.float32 and int(sol.events.count) == 1
+    np.testing.assert_allclose(sol.events.ts[0], _rises_past(V0_EXCURSION, 9.81), rtol=1e-5)
+
+
 @pytest.mark.slow  # the default case: test_a_brief_excursion_inside_one_step_is_seen
 def test_interp_points_edges():
     """``Adaptive(dtmax=0.01)`` finds the excursion with the ends only; Discrete's gradient

@@ -563,7 +563,11 @@ def step_events(
     member of the batch crossed."""
     before, count = state.values, state.count
     after = events.values(s * t_end, res.y1, args)
-    interpolate = lambda theta: solver.interpolate(res.dense, theta)
+
+    def interpolate(theta):  # in the state's dtypes, whatever theta's (a float64 cond's)
+        y = solver.interpolate(res.dense, theta)
+        return jax.tree.map(lambda v, like: v.astype(jnp.result_type(like)), y, res.y1)
+
     if events.interp_points:
         thetas, inside = events.interior(interpolate, s, t, h, args)
         values = jnp.concatenate([before[None], inside.astype(before.dtype), after[None]])
@@ -575,7 +579,8 @@ def step_events(
 
     def located(_):
         theta, which = events.locate(interpolate, s, t, h, args, glo, ghi, crossed, lo, hi)
-        theta = jnp.where(fired, theta, 1.0)  # members that did not fire compute, then discard
+        # members that did not fire compute, then discard; in the time dtype (a float64 cond's)
+        theta = jnp.where(fired, theta, 1.0).astype(jnp.result_type(h))
         tau = jnp.where(theta >= 1, t_end, t + theta * h)
         t_star, y_minus, y_plus = events.jump(which, s * tau, interpolate(theta), args, s)
         terminal = events.is_terminal(which)
