@@ -23,7 +23,8 @@ from ._checks import (
     check_types,
 )
 from ._eager import cached_solve, is_eager
-from ._events import SECOND_DERIVATIVES_THROUGH_EVENTS, Event, EventSet
+from ._event_jump import SECOND_DERIVATIVES_THROUGH_EVENTS
+from ._events import Event, EventSet
 from ._events import check_shapes as check_event_shapes
 from ._events import prepare as prepare_events
 from ._initial import (

@@ -320,7 +320,7 @@ class _Continuous(AbstractAdjoint):
 
         def event_at(row, c):
             """The adjoint's jump condition at the event of ``sol.events`` row ``row``: the
-            transpose of :func:`~odegrad._events.jump` (Backsolve resumes from ``y-``)."""
+            transpose of :func:`~odegrad._event_jump.jump` (Backsolve resumes from ``y-``)."""
             log = keep["events"]
             which, z = log.which[row], jax.tree.map(lambda x: x[row], log.ys)
             ct_t, ct_y = problem.event_cotangent(row, log.which, ct)
